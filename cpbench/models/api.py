@@ -1,0 +1,120 @@
+"""The adapter protocol: the three hooks cpbench calls to benchmark a CP model.
+
+Any workload is an object (or a module) with::
+
+    build_model(mesh: DeviceMesh, device: torch.device) -> nn.Module
+    build_batch(N: int, n_atoms: int, S: int, mesh: DeviceMesh, device: torch.device) -> Any
+    run_step(model, batch, train: bool) -> Tensor | None
+
+``run_step`` is one whole step: inference = forward (+ sampling); training = forward,
+backward and optimizer step (the adapter owns its optimizer) and returns the global loss,
+the same value on every rank. The harness seeds torch identically on every rank before
+``build_model`` and before ``build_batch``. The mesh is 1-D ``("cp",)`` for topology 1d and
+2-D ``("cp0", "cp1")`` for 2d.
+
+Optional extensions, used when present:
+
+* ``run_step(model, batch, train, run_blocks=k)``: run only ``k`` trunk blocks (all weights
+  still allocated); lets the probe shorten inference steps (``probe.depth``).
+* ``stats() -> dict``: measurements of the last step, e.g. ``{"stage_ms": {"trunk": ..},
+  "comm_bytes_per_block": ..}``; copied into the result record.
+
+Hydra instantiates the adapter from the ``model`` config: ``_target_`` plus keyword sizes.
+A ``_target_`` that names a module with the three functions at top level (the shape of the
+fold-cp driver's adapters) works as well.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import types
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+HOOKS = ("build_model", "build_batch", "run_step")
+# Keys of the model config that describe the preset, not constructor arguments.
+NON_KWARG_KEYS = ("name", "_target_")
+# Keys the reference presets interpolate from the harness config (``dtype: ${dtype}``); passed
+# to a user's adapter only when its constructor takes them.
+HARNESS_KEYS = frozenset({"dtype", "recycles", "checkpointing", "lr", "sampling", "sampling_steps", "samples"})
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    """A benchmarkable CP workload (see the module docstring)."""
+
+    def build_model(self, mesh: Any, device: torch.device) -> nn.Module: ...
+
+    def build_batch(self, N: int, n_atoms: int, S: int, mesh: Any, device: torch.device) -> Any: ...
+
+    def run_step(self, model: nn.Module, batch: Any, train: bool) -> torch.Tensor | None: ...
+
+
+class AdapterError(ValueError):
+    """The model config does not name a usable adapter."""
+
+
+def _import_target(target: str) -> Any:
+    """Import ``pkg.mod`` (a module) or ``pkg.mod.Attr`` (an attribute of a module)."""
+    try:
+        return importlib.import_module(target)
+    except ImportError:
+        pass
+    module_name, _, attr = target.rpartition(".")
+    if not module_name:
+        raise AdapterError(f"model._target_={target!r}: cannot import it")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise AdapterError(f"model._target_={target!r}: cannot import {module_name!r} ({exc})") from exc
+    if not hasattr(module, attr):
+        raise AdapterError(f"model._target_={target!r}: {module_name!r} has no attribute {attr!r}")
+    return getattr(module, attr)
+
+
+def load_adapter(model_cfg: dict) -> Adapter:
+    """Build the adapter named by a resolved ``model`` config (a plain dict)."""
+    target = model_cfg.get("_target_")
+    if not target or target == "???":
+        raise AdapterError("model._target_ is required: a class or module with build_model, build_batch, run_step")
+    obj = _import_target(str(target))
+    kwargs = {k: v for k, v in model_cfg.items() if k not in NON_KWARG_KEYS}
+    if isinstance(obj, types.ModuleType):
+        adapter = obj
+    elif callable(obj):
+        adapter = obj(**_accepted_kwargs(obj, kwargs))
+    else:
+        raise AdapterError(f"model._target_={target!r} is neither a class, a factory nor a module")
+    missing = [h for h in HOOKS if not callable(getattr(adapter, h, None))]
+    if missing:
+        raise AdapterError(f"model._target_={target!r} lacks the adapter hook(s) {', '.join(missing)}")
+    return adapter
+
+
+def _accepted_kwargs(factory: Any, kwargs: dict) -> dict:
+    """Drop the harness keys (``HARNESS_KEYS``) the factory does not take; every other key is
+    the user's and goes through, so a misspelt ``+model.key`` fails loudly."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return kwargs
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params or k not in HARNESS_KEYS}
+
+
+def supports_run_blocks(adapter: Adapter) -> bool:
+    """Whether ``run_step`` takes ``run_blocks`` (lets the probe run a shortened trunk)."""
+    try:
+        return "run_blocks" in inspect.signature(adapter.run_step).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def adapter_stats(adapter: Adapter) -> dict:
+    """The adapter's optional measurements of its last step (``{}`` when it has none)."""
+    stats = getattr(adapter, "stats", None)
+    return dict(stats()) if callable(stats) else {}

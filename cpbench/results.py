@@ -1,0 +1,136 @@
+"""The result record: schema, atomic JSON writing, the point signature for resume.
+
+One ``result.json`` per job (one sweep point), in the job's Hydra output directory::
+
+    {
+      "schema": 1,
+      "signature": "3f2a...",              # hash of the point's config + code version (resume)
+      "point": {"workflow": "inference", "topology": "1d", "cp": 2, "mesh_shape": [2],
+                "N": 1024, "N_atoms": 8192, "S": 256, "dtype": "bf16", "device": "cuda",
+                "input": null,              # real inputs: the input file's name
+                "model": {"name": "boltz2", "c_s": 384, ...}},
+      "routine": "probe" | "timing",
+      "status": "ok" | "oom" | "timeout" | "error" | "insufficient_gpus",
+      "message": "",
+      # probe
+      "max_n": 12288, "first_fail_n": 12416, "first_fail_status": "oom",
+      "first_fail_message": "...", "depth": 2, "depth_verified": true,
+      "points": [{"N": 512, "fits": true, "status": "ok", "message": "",
+                  "peak_alloc_gib": [..per rank..], "peak_reserved_gib": [..], "seconds": 3.1}],
+      # timing
+      "times_ms": [..], "median_ms": .., "iqr_ms": .., "min_ms": .., "max_ms": ..,
+      "peak_alloc_gib": .., "peak_reserved_gib": ..,          # max over ranks
+      "peak_alloc_gib_per_rank": [..], "peak_reserved_gib_per_rank": [..],
+      "tokens_per_s": .., "stats": {"stage_ms": {..}, ...},   # the adapter's optional stats
+      "env": {...},                          # env_metadata()
+      "config": {...}                        # the resolved Hydra config
+    }
+
+Probe-only and timing-only keys are present only for their routine.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+SCHEMA_VERSION = 1
+RESULT_FILE = "result.json"
+STATUSES = ("ok", "oom", "timeout", "error", "insufficient_gpus")
+
+
+def write_json_atomic(path: str | os.PathLike, record: dict) -> Path:
+    """Write ``record`` as JSON to ``path`` through a temp file + rename (never a torn file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=2, sort_keys=False, default=str)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_json(path: str | os.PathLike) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def iter_results(root: str | os.PathLike) -> Iterator[tuple[Path, dict]]:
+    """Every readable ``result.json`` under ``root`` (sorted by path); unreadable ones skipped."""
+    for path in sorted(Path(root).rglob(RESULT_FILE)):
+        try:
+            yield path, read_json(path)
+        except (OSError, json.JSONDecodeError):
+            continue
+
+
+def git_commit(repo_dir: str | os.PathLike | None = None) -> str | None:
+    """The project's git commit (``+dirty`` when the tree has changes), or None outside git."""
+    cwd = Path(repo_dir) if repo_dir else Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True,
+                                text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if dirty else "")
+
+
+def code_version() -> str:
+    """What identifies the benchmark code for resume: the package version + git commit."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        pkg = version("cpbench")
+    except PackageNotFoundError:
+        pkg = "0+unknown"
+    return f"{pkg}@{git_commit() or 'nogit'}"
+
+
+def point_signature(point_config: dict, code: str | None = None) -> str:
+    """Stable hash of everything that decides a point's outcome (config + code version).
+
+    ``point_config`` is the resolved config minus keys that do not change the measurement
+    (``resume``, ``report``, ``hydra``); see ``config.signature_config``.
+    """
+    payload = json.dumps({"config": point_config, "code": code if code is not None else code_version()},
+                         sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def base_env_metadata() -> dict[str, Any]:
+    """Host and software metadata that needs no GPU query (the GPU part is in ``memory``/NVML)."""
+    import torch
+
+    env: dict[str, Any] = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": None,
+        "git_commit": git_commit(),
+    }
+    if torch.cuda.is_available():
+        try:
+            env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # noqa: BLE001 - a build without NCCL
+            env["nccl"] = None
+    return env
