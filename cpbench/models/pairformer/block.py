@@ -1,0 +1,48 @@
+"""One Pairformer block (AF3 Algorithm 17), in AF3's order, over any layout.
+
+Per block in 1d: four all-to-alls of z (``comm.transpose_pair``: rows -> Z^T rows before the
+incoming triangle multiplication, back before the starting-node attention, again before the
+ending-node attention, back after the pair transition), two chunked all-gathers of a triangle
+operand, two all-gathers of a triangle bias, and the single attention's key/value all-gather.
+Per rank that is about ``4·(P-1)/P·|z_local| + 2·(P-1)·|z_local| + 2·(P-1)/P·N²·heads_tri``
+elements: O(N²·c_z) whatever P (the 2d layout of issue 6 cuts it to O(N²·c_z/√P)).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from cpbench.models.pairformer.comm import transpose_pair
+from cpbench.models.pairformer.layout import Layout
+from cpbench.models.pairformer.single_att import AttentionPairBias
+from cpbench.models.pairformer.transition import Transition
+from cpbench.models.pairformer.triatt import TriangleAttention
+from cpbench.models.pairformer.trimul import TriangleMultiplication
+
+
+class PairformerBlock(nn.Module):
+    """``forward(s, z, token_mask, layout) -> (s, z)`` with ``s: [N/P, c_s]``,
+    ``z: [N/P, N, c_z]`` (row shard of Z), ``token_mask: [N]``; in place without autograd."""
+
+    def __init__(self, c_s: int, c_z: int, heads_single: int, heads_tri: int, head_dim_tri: int,
+                 transition_factor: int) -> None:
+        super().__init__()
+        self.tri_mul_out = TriangleMultiplication(c_z, incoming=False)
+        self.tri_mul_in = TriangleMultiplication(c_z, incoming=True)
+        self.tri_att_start = TriangleAttention(c_z, heads_tri, head_dim_tri, ending=False)
+        self.tri_att_end = TriangleAttention(c_z, heads_tri, head_dim_tri, ending=True)
+        self.pair_transition = Transition(c_z, transition_factor)
+        self.attention = AttentionPairBias(c_s, c_z, heads_single)
+        self.single_transition = Transition(c_s, transition_factor)
+
+    def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor,
+                layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
+        z = self.tri_mul_out(z, token_mask, layout)
+        z = self.tri_mul_in(transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
+        z = self.tri_att_start(transpose_pair(z, layout), token_mask, layout)  # on Z rows
+        z = self.tri_att_end(transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
+        z = transpose_pair(self.pair_transition(z), layout)  # back to Z rows
+        s = self.attention(s, z, token_mask, layout)
+        s = self.single_transition(s)
+        return s, z

@@ -1,0 +1,62 @@
+"""Chunk sizes from shapes and free memory: one place that decides how big a work slice is.
+
+Under autograd an op runs on its whole shard (chunks would all be kept for backward anyway);
+without autograd the ops slice their work so that transient buffers fit a budget:
+
+* CUDA: a fraction of the free memory (device free + cached-but-unused), so chunks are as large
+  as memory allows (fast) and shrink as N grows (fits).
+* CPU: a quarter of the local pair shard, so transients scale with the shard like on a full GPU.
+
+Tests force tiny chunks with ``override_budget`` to exercise the chunked paths.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+
+_CUDA_FREE_FRACTION = 0.4
+_CPU_FLOOR_BYTES = 64 << 10
+_override_bytes: int | None = None
+
+
+@contextlib.contextmanager
+def override_budget(budget_bytes: int | None) -> Iterator[None]:
+    """Use ``budget_bytes`` as the chunk budget inside the context (None: the default policy)."""
+    global _override_bytes
+    previous, _override_bytes = _override_bytes, budget_bytes
+    try:
+        yield
+    finally:
+        _override_bytes = previous
+
+
+def budget_bytes(pair: torch.Tensor) -> int:
+    """Bytes an op may spend on transient buffers, given the local pair shard ``pair``."""
+    if _override_bytes is not None:
+        return _override_bytes
+    if pair.is_cuda:
+        free_b, _ = torch.cuda.mem_get_info(pair.device)
+        cached_b = torch.cuda.memory_reserved(pair.device) - torch.cuda.memory_allocated(pair.device)
+        return int((free_b + cached_b) * _CUDA_FREE_FRACTION)
+    return max(pair.numel() * pair.element_size() // 4, _CPU_FLOOR_BYTES)
+
+
+def rows_per_chunk(n_rows: int, bytes_per_row: int, budget_b: int) -> int:
+    """How many rows of ``bytes_per_row`` transient bytes fit ``budget_b`` (at least 1)."""
+    return max(1, min(n_rows, budget_b // max(1, bytes_per_row)))
+
+
+def slices(n: int, size: int) -> Iterator[slice]:
+    """``[0, n)`` in consecutive slices of ``size``."""
+    for start in range(0, n, size):
+        yield slice(start, min(n, start + size))
+
+
+def divisor_chunk(n: int, bytes_per_unit: int, budget_b: int) -> int:
+    """The largest divisor of ``n`` whose ``bytes_per_unit`` multiples fit ``budget_b`` (>= 1);
+    used for channel chunks, which should split the channels evenly."""
+    fit = rows_per_chunk(n, bytes_per_unit, budget_b)
+    return max(d for d in range(1, fit + 1) if n % d == 0)

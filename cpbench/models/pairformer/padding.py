@@ -1,0 +1,51 @@
+"""Padding and masks: N is padded to a multiple of the CP size; padded tokens are masked.
+
+The pair mask is the outer product of the token mask (as in AF3 / Boltz-2), so the only mask
+an op needs is the global token mask ``[N_pad]`` (O(N), replicated on every rank).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# Added to attention logits of masked keys; finite so a bf16 bias stays finite, large enough
+# that exp() underflows to exactly 0 in fp32 and bf16.
+MASKED_LOGIT = -1.0e9
+
+
+def padding_unit(cp: int, device: torch.device) -> int:
+    """Tokens are padded to a multiple of this: the CP size, and on CUDA also 16, since the
+    fused attention kernels pad a misaligned bias (a copy of the whole N x N x heads bias)."""
+    return math.lcm(cp, 16) if device.type == "cuda" else cp
+
+
+def padded_size(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
+
+
+def pad_tokens(x: torch.Tensor, n_pad: int, value: float | int | bool = 0) -> torch.Tensor:
+    """Pad dim 0 of ``x`` (``[N, ...]``) to ``n_pad`` with ``value``."""
+    extra = n_pad - x.shape[0]
+    if extra == 0:
+        return x
+    fill = torch.full((extra, *x.shape[1:]), value, dtype=x.dtype, device=x.device)
+    return torch.cat([x, fill])
+
+
+def key_bias(token_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive attention bias over keys: 0 on real tokens, ``MASKED_LOGIT`` on masked ones.
+
+    Args:
+        token_mask: ``[N_pad]`` bool.
+    Returns:
+        ``[N_pad]`` in ``dtype``.
+    """
+    return (~token_mask).to(dtype) * MASKED_LOGIT
+
+
+def pair_mask(token_mask: torch.Tensor, rows: slice, dtype: torch.dtype) -> torch.Tensor:
+    """Pair mask of the rows ``rows``: ``[len(rows), N_pad, 1]`` in ``dtype`` (1 real, 0 masked)."""
+    m = token_mask.to(dtype)
+    return (m[rows, None] * m[None, :])[..., None]

@@ -1,0 +1,39 @@
+"""Transition (AF3 Algorithm 11): LayerNorm, SwiGLU with ``factor·c`` hidden channels, project.
+
+Pointwise over tokens / pairs, so every layout runs it on its local shard without communication.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cpbench.models.pairformer import chunking
+
+
+class Transition(nn.Module):
+    """``x + W_out(silu(W_a LN(x)) * W_b LN(x))``.
+
+    ``forward(x)``: ``x: [rows, ..., c]`` any local shard (``z: [N/P, N, c_z]`` or
+    ``s: [N/P, c_s]``); without autograd in place, chunked over dim 0.
+    """
+
+    def __init__(self, c: int, factor: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(c)
+        self.proj_in = nn.Linear(c, 2 * factor * c, bias=False)
+        self.proj_out = nn.Linear(factor * c, c, bias=False)
+
+    def _update(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.proj_in(self.norm(x)).chunk(2, dim=-1)
+        return self.proj_out(F.silu(a) * b)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled():
+            return x + self._update(x)
+        per_row_b = x[0].numel() * x.element_size() * (2 + 3 * self.proj_out.in_features // x.shape[-1])
+        rc = chunking.rows_per_chunk(x.shape[0], per_row_b, chunking.budget_bytes(x))
+        for rs in chunking.slices(x.shape[0], rc):
+            x[rs] += self._update(x[rs])
+        return x

@@ -1,0 +1,169 @@
+"""Triangle multiplication, outgoing and incoming edges (AF3 Algorithms 12-13).
+
+Outgoing: ``x_ij = sum_k a_ik b_jk``; incoming: ``x_ij = sum_k a_ki b_kj``. Incoming on Z is
+outgoing on Z^T with the roles of a and b swapped (``x^T_ji = sum_k b^T_jk a^T_ik``), so the op
+always takes the row shard of the tensor it reads along rows: Z for outgoing, Z^T for incoming
+(the block switches with ``comm.transpose_pair``). Then the row operand ("left") is local and
+the other ("right") is needed for every row: serial, a batched matmul over channels; 1d,
+gathered from all ranks in row chunks so no rank ever holds a full ``N x N x c`` operand.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cpbench.models.pairformer import chunking, comm
+from cpbench.models.pairformer.layout import Layout
+from cpbench.models.pairformer.padding import pair_mask
+
+
+def _gathered_product_into(out: torch.Tensor, left: torch.Tensor, right: torch.Tensor, layout: Layout) -> None:
+    """1d triangle product: ``out[c, i, j] = sum_k left[c, i, k] right_all[c, j, k]``.
+
+    ``right`` rows are all-gathered in chunks of ``jc`` local rows (one all-gather per chunk,
+    ``(P-1)·c·jc·N`` bytes each); a chunk brings rows ``{r·n + j0..j1}`` of every rank ``r``,
+    i.e. a strided set of output columns.
+
+    Args:
+        out: ``[c, N/P, N]`` written in place.
+        left: ``[c, N/P, N]`` local rows (i) by all k.
+        right: ``[c, N/P, N]`` local rows (j) by all k.
+    """
+    p, (c, n_local, n_pad) = layout.size, left.shape
+    out_cols = out.view(c, n_local, p, n_local)
+    per_row_b = (p * c * n_pad + p * c * n_local) * left.element_size()
+    jc = chunking.rows_per_chunk(n_local, per_row_b, chunking.budget_bytes(left) // 2)
+    for js in chunking.slices(n_local, jc):
+        width = js.stop - js.start
+        gathered = left.new_empty((p, c, width, n_pad))
+        comm.gather_into(gathered, right[:, js].contiguous(), layout)
+        gathered = gathered.transpose(0, 1).reshape(c, p * width, n_pad)
+        prod = torch.matmul(left, gathered.transpose(1, 2))  # [c, N/P, P*width]
+        out_cols[..., js].copy_(prod.view(c, n_local, p, width))
+
+
+class _GatheredProduct(torch.autograd.Function):
+    """Autograd form of ``_gathered_product_into``: saves only the local operands and
+    re-gathers ``right`` chunk by chunk in backward (no N x N x c buffer in training either)."""
+
+    @staticmethod
+    def forward(ctx, left: torch.Tensor, right: torch.Tensor, layout: Layout) -> torch.Tensor:
+        ctx.layout = layout
+        ctx.save_for_backward(left, right)
+        out = left.new_empty(left.shape)
+        _gathered_product_into(out, left, right, layout)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        left, right = ctx.saved_tensors
+        layout = ctx.layout
+        p, (c, n_local, n_pad) = layout.size, left.shape
+        grad_cols = grad_out.contiguous().view(c, n_local, p, n_local)
+        grad_left = torch.zeros_like(left)
+        grad_right = torch.empty_like(right)
+        per_row_b = 3 * p * c * n_pad * left.element_size()
+        jc = chunking.rows_per_chunk(n_local, per_row_b, chunking.budget_bytes(left) // 2)
+        for js in chunking.slices(n_local, jc):
+            width = js.stop - js.start
+            gathered = left.new_empty((p, c, width, n_pad))
+            comm.gather_into(gathered, right[:, js].contiguous(), layout)
+            gathered = gathered.transpose(0, 1).reshape(c, p * width, n_pad)
+            g = grad_cols[..., js].reshape(c, n_local, p * width)
+            grad_left += torch.matmul(g, gathered)
+            # d right rows of every rank, summed over ranks: [c, P*width, N] -> [P, c, width, N]
+            partial = torch.matmul(g.transpose(1, 2), left).view(c, p, width, n_pad).transpose(0, 1)
+            mine = left.new_empty((1, c, width, n_pad))
+            comm.reduce_scatter_into(mine, partial, layout)
+            grad_right[:, js] = mine[0]
+        return grad_left, grad_right, None
+
+
+def triangle_product(left: torch.Tensor, right: torch.Tensor, layout: Layout, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x[c, i, j] = sum_k left[c, i, k] · right[c, j, k]`` over all ``j`` of the pair tensor.
+
+    Args:
+        left, right: ``[c, N/P, N]`` (serial: ``[c, N, N]``).
+        out: optional ``[c, N/P, N]`` buffer (no autograd only).
+    Returns:
+        ``[c, N/P, N]``. 1d sends ``(P-1)·|right|`` bytes (and as much again in backward,
+        plus a reduce-scatter of the same volume).
+    """
+    if not layout.sharded:
+        return torch.matmul(left, right.transpose(1, 2), out=out) if out is not None else torch.matmul(left, right.transpose(1, 2))
+    if torch.is_grad_enabled():
+        return _GatheredProduct.apply(left, right, layout)
+    out = out if out is not None else left.new_empty(left.shape)
+    _gathered_product_into(out, left, right, layout)
+    return out
+
+
+class TriangleMultiplication(nn.Module):
+    """Triangle multiplicative update (AF3 Alg. 12 outgoing, Alg. 13 incoming).
+
+    ``forward(z, token_mask, layout)`` takes ``z: [N/P, N, c_z]``, the row shard of Z
+    (outgoing) or of Z^T (incoming), and returns z plus the update in the same layout. Without
+    autograd the update is added in place and the work is chunked: over channels for the
+    projections and the product (the full ``[c, N/P, N]`` product plus two channel chunks of
+    the operands live at once), over rows for the output stage.
+    """
+
+    def __init__(self, c_z: int, incoming: bool = False) -> None:
+        super().__init__()
+        self.incoming = incoming
+        self.norm_in = nn.LayerNorm(c_z)
+        self.proj_in = nn.Linear(c_z, 2 * c_z, bias=False)  # [a; b]
+        self.gate_in = nn.Linear(c_z, 2 * c_z, bias=False)
+        self.norm_out = nn.LayerNorm(c_z)
+        self.proj_out = nn.Linear(c_z, c_z, bias=False)
+        self.gate_out = nn.Linear(c_z, c_z, bias=False)
+
+    def _operands(self, zn: torch.Tensor, mask: torch.Tensor, cs: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """Channels ``cs`` of the gated, masked (left, right) operands of rows ``zn: [r, N, c_z]``,
+        each ``[len(cs), r, N]``."""
+        c = self.proj_in.out_features // 2
+        a_idx, b_idx = slice(cs.start, cs.stop), slice(c + cs.start, c + cs.stop)
+        w = torch.cat([self.proj_in.weight[a_idx], self.proj_in.weight[b_idx],
+                       self.gate_in.weight[a_idx], self.gate_in.weight[b_idx]])
+        pa, pb, ga, gb = F.linear(zn, w).chunk(4, dim=-1)
+        a = (pa * torch.sigmoid(ga) * mask).permute(2, 0, 1)
+        b = (pb * torch.sigmoid(gb) * mask).permute(2, 0, 1)
+        return (b, a) if self.incoming else (a, b)
+
+    def _update(self, x_rows: torch.Tensor, zn: torch.Tensor) -> torch.Tensor:
+        """Output stage for rows: ``x_rows: [r, N, c]``, ``zn: [r, N, c_z]`` -> ``[r, N, c_z]``."""
+        return self.proj_out(self.norm_out(x_rows)) * torch.sigmoid(self.gate_out(zn))
+
+    def forward(self, z: torch.Tensor, token_mask: torch.Tensor, layout: Layout) -> torch.Tensor:
+        """Args: ``z: [N/P, N, c_z]``, ``token_mask: [N]`` bool. Returns ``[N/P, N, c_z]``."""
+        n_local, n_pad, c_z = z.shape
+        rows = layout.rows(n_pad)
+        mask = pair_mask(token_mask, rows, z.dtype)
+        if torch.is_grad_enabled():
+            zn = self.norm_in(z)
+            left, right = self._operands(zn, mask, slice(0, c_z))
+            x = triangle_product(left.contiguous(), right.contiguous(), layout)
+            return z + self._update(x.permute(1, 2, 0), zn)
+        return self._forward_lean(z, mask, layout)
+
+    def _forward_lean(self, z: torch.Tensor, mask: torch.Tensor, layout: Layout) -> torch.Tensor:
+        n_local, n_pad, c_z = z.shape
+        es = z.element_size()
+        budget_b = chunking.budget_bytes(z)
+        x = z.new_empty((c_z, n_local, n_pad))
+        # Two operand chunks of ck channels live across the product; keep them within half the budget.
+        ck = chunking.divisor_chunk(c_z, 2 * n_local * n_pad * es, budget_b // 2)
+        rc = chunking.rows_per_chunk(n_local, n_pad * (2 * c_z + 8 * ck) * es, budget_b // 2)
+        for cs in chunking.slices(c_z, ck):
+            left = z.new_empty((cs.stop - cs.start, n_local, n_pad))
+            right = torch.empty_like(left)
+            for rs in chunking.slices(n_local, rc):
+                left[:, rs], right[:, rs] = self._operands(self.norm_in(z[rs]), mask[rs], cs)
+            triangle_product(left, right, layout, out=x[cs])
+            del left, right
+        rc = chunking.rows_per_chunk(n_local, n_pad * 6 * c_z * es, budget_b)
+        for rs in chunking.slices(n_local, rc):
+            z[rs] += self._update(x[:, rs].permute(1, 2, 0), self.norm_in(z[rs]))
+        return z
