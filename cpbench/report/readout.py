@@ -1,0 +1,120 @@
+"""The report's one-paragraph readout, written from the data only.
+
+Says, where the results hold it: max N at each cp against cp=1 (and against a user-supplied
+single-GPU baseline), how walltime scales with N and with cp, whether compute or communication
+dominates (only where communication was measured), the best MFU, and how many jobs failed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from cpbench.plots import walltime_exponent
+
+
+def _n(value) -> str:
+    return f"{int(value):,}"
+
+
+def _group_label(model: str, workflow: str, topology: str, with_model: bool) -> str:
+    return f"{workflow} ({topology}{', ' + model if with_model else ''})"
+
+
+def max_n_sentences(rows: pd.DataFrame, baseline_max_n: int | None) -> list[str]:
+    """One sentence per (model, workflow, topology): max N per cp, ratios to cp=1 and baseline."""
+    fits = rows[(rows["row"] == "max-fit") & rows["N_tokens"].notna()]
+    if fits.empty:
+        return ["No probe found a max N in these results."]
+    with_model = fits["model"].nunique() > 1
+    out = []
+    for (model, workflow, topology), grp in fits.groupby(["model", "workflow", "topology"], sort=True):
+        grp = grp.sort_values("cp")
+        by_cp = dict(zip(grp["cp"].astype(int), grp["N_tokens"].astype(int)))
+        parts = []
+        for cp, max_n in by_cp.items():
+            text = f"{_n(max_n)} at cp={cp}"
+            if cp != 1 and 1 in by_cp:
+                text += f" ({max_n / by_cp[1]:.2f}× cp=1; ideal √{cp} = {math.sqrt(cp):.2f}×)"
+            parts.append(text)
+        sentence = f"{_group_label(model, workflow, topology, with_model).capitalize()}: max N {', '.join(parts)}"
+        if 1 not in by_cp:
+            sentence += " (no cp=1 probe in these results to compare against)"
+        if baseline_max_n:
+            ratios = ", ".join(f"{by_cp[cp] / baseline_max_n:.2f}× at cp={cp}" for cp in by_cp)
+            sentence += f"; against the user-supplied single-GPU baseline of {_n(baseline_max_n)}: {ratios}"
+        out.append(sentence + ".")
+    return out
+
+
+def walltime_sentences(rows: pd.DataFrame) -> list[str]:
+    """Fitted walltime exponent per CP config, and cp speedup at the largest N all share."""
+    ok = rows[(rows["row"] == "timing") & (rows["status"] == "ok") & rows["walltime (ms)"].notna()]
+    if ok.empty:
+        return []
+    out = []
+    for workflow, grp in ok.groupby("workflow", sort=True):
+        exps = []
+        for cfg, g in grp.groupby("CP config", sort=True):
+            k = walltime_exponent(g["N_tokens"].astype(float), g["walltime (ms)"].astype(float))
+            if k is not None:
+                exps.append(f"N^{k:.2f} at {cfg} (N {_n(g['N_tokens'].min())}–{_n(g['N_tokens'].max())})")
+        if exps:
+            out.append(f"{workflow.capitalize()} walltime grows as " + ", ".join(exps) + ".")
+        base = grp[grp["cp"] == 1]
+        common = set(base["N_tokens"])
+        for cp in sorted(set(grp["cp"]) - {1}):
+            common &= set(grp[grp["cp"] == cp]["N_tokens"])
+        if common and grp["cp"].nunique() > 1:
+            n = max(common)
+            at_n = grp[grp["N_tokens"] == n].groupby("CP config")["walltime (ms)"].median()
+            t1 = base[base["N_tokens"] == n]["walltime (ms)"].median()
+            ratios = [f"{cfg} {t:.1f} ms ({t1 / t:.2f}× cp=1)" for cfg, t in at_n.items() if not cfg.endswith("cp=1")]
+            out.append(f"At N={_n(n)} ({workflow}), cp=1 takes {t1:.1f} ms; " + ", ".join(ratios) + ".")
+    return out
+
+
+def cost_sentences(rows: pd.DataFrame) -> list[str]:
+    """Compute vs communication, only where communication time was measured."""
+    ok = rows[(rows["row"] == "timing") & (rows["status"] == "ok")]
+    measured = ok[ok["comm share"].notna()] if "comm share" in ok else ok.iloc[0:0]
+    if measured.empty:
+        traffic = ok[ok["comm bytes/block"].notna() & (ok["cp"] > 1)] if "comm bytes/block" in ok else ok.iloc[0:0]
+        note = ""
+        if not traffic.empty:
+            worst = traffic.loc[traffic["comm bytes/block"].astype(float).idxmax()]
+            note = (f" Traffic was counted: up to {float(worst['comm bytes/block']) / 2**20:.1f} MiB per block "
+                    f"per rank ({worst['CP config']}, N={_n(worst['N_tokens'])}).")
+        return ["Communication time was not measured in these results, so whether compute or "
+                "communication dominates is not stated." + note]
+    share = measured.groupby(["workflow", "CP config"], sort=True)["comm share"].mean()
+    parts = [f"{100 * s:.0f} % at {cfg} ({wf})" for (wf, cfg), s in share.items()]
+    worst = float(share.max())
+    verdict = "communication dominates" if worst > 0.5 else "compute dominates"
+    return [f"Communication takes {', '.join(parts)} of the measured stage time, so {verdict}"
+            + (" at the largest share." if worst > 0.5 else " everywhere measured.")]
+
+
+def mfu_sentences(rows: pd.DataFrame) -> list[str]:
+    if "MFU" not in rows or rows["MFU"].notna().sum() == 0:
+        return []
+    best = rows.loc[rows["MFU"].astype(float).idxmax()]
+    return [f"Best MFU {100 * float(best['MFU']):.1f} % ({float(best['TFLOP/s/GPU']):.0f} TFLOP/s per GPU; "
+            f"{best['workflow']}, {best['CP config']}, N={_n(best['N_tokens'])})."]
+
+
+def failure_sentences(rows: pd.DataFrame) -> list[str]:
+    failed = rows[rows["status"] != "ok"]
+    if failed.empty:
+        return [f"All {len(rows)} jobs finished ok."]
+    counts = ", ".join(f"{n} {status}" for status, n in failed["status"].value_counts().sort_index().items())
+    return [f"{len(failed)} of {len(rows)} jobs did not finish ok ({counts}); their rows stay in the table."]
+
+
+def readout(rows: pd.DataFrame, baseline_max_n: int | None = None) -> str:
+    """The one-paragraph readout of the whole report."""
+    if rows.empty:
+        return "No result.json was found, so there is nothing to read out."
+    return " ".join(max_n_sentences(rows, baseline_max_n) + walltime_sentences(rows) + cost_sentences(rows)
+                    + mfu_sentences(rows) + failure_sentences(rows))

@@ -1,0 +1,175 @@
+"""Result records -> pandas frames: one row per result, and one row per probe point.
+
+A timing result gives one row at its N; a probe result gives one ``max-fit`` row at its max N
+(peak memory there, and the first failing N with its cause). A failed job (oom, timeout, error,
+insufficient_gpus) still gives its row, with the status and message, so the table always has a
+row for every point of the sweep. Column names of the first six match the report's table.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+from cpbench import flops
+from cpbench.memory_model import max_over_ranks
+
+TABLE_COLUMNS = ("N_tokens", "N_atoms", "MSA_seq", "CP config", "peak_mem (GiB)", "walltime (ms)")
+STAGE_PREFIX = "stage_ms."
+
+
+def cp_config_label(point: dict[str, Any]) -> str:
+    """``1d cp=2`` or ``2d 2x2 cp=4`` from a result's ``point``."""
+    topology, cp = point.get("topology", "1d"), point.get("cp")
+    mesh = point.get("mesh_shape") or []
+    if topology == "2d" and len(mesh) == 2:
+        return f"2d {mesh[0]}x{mesh[1]} cp={cp}"
+    return f"{topology} cp={cp}"
+
+
+def result_rows(records: Iterable[tuple[Path, dict]], root: Path, peak_tflops: float | None = None) -> pd.DataFrame:
+    """One row per result record (see the module docstring), in a stable order.
+
+    Args:
+        records: ``(path of result.json, record)`` pairs.
+        root: the directory the report aggregates; ``result`` paths are relative to it.
+        peak_tflops: the configured per-GPU peak (``report.peak_tflops``) for MFU; None -> the
+            measured table in ``cpbench.flops``.
+    """
+    rows = [_row(path, rec, root, peak_tflops) for path, rec in records]
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return pd.DataFrame(columns=list(TABLE_COLUMNS) + ["workflow", "status", "row"])
+    frame["_kind"] = (frame["row"] == "max-fit").astype(int)
+    frame = frame.sort_values(["model", "workflow", "topology", "cp", "CP config", "_kind", "N_tokens"],
+                              na_position="last", kind="stable").drop(columns="_kind")
+    for col in ("N_tokens", "N_atoms", "MSA_seq", "cp", "first_fail_n", "depth"):
+        if col in frame:
+            frame[col] = frame[col].astype("Int64")
+    return frame.reset_index(drop=True)
+
+
+def probe_point_rows(records: Iterable[tuple[Path, dict]]) -> pd.DataFrame:
+    """One row per point every probe tried: N, fits, status, per-rank peak (max over ranks)."""
+    rows = []
+    for _, rec in records:
+        if rec.get("routine") != "probe":
+            continue
+        point = rec.get("point", {})
+        for p in rec.get("points") or []:
+            rows.append({
+                "model": (point.get("model") or {}).get("name"), "workflow": point.get("workflow"),
+                "topology": point.get("topology"), "cp": point.get("cp"), "CP config": cp_config_label(point),
+                "N": p.get("N"), "fits": bool(p.get("fits")), "status": p.get("status"),
+                "peak_alloc_gib": max_over_ranks(p.get("peak_alloc_gib")),
+                "peak_reserved_gib": max_over_ranks(p.get("peak_reserved_gib")), "seconds": p.get("seconds"),
+            })
+    return pd.DataFrame(rows, columns=["model", "workflow", "topology", "cp", "CP config", "N", "fits",
+                                       "status", "peak_alloc_gib", "peak_reserved_gib", "seconds"])
+
+
+def _row(path: Path, rec: dict, root: Path, peak_tflops_cfg: float | None) -> dict[str, Any]:
+    point = rec.get("point") or {}
+    config = rec.get("config") or {}
+    env = rec.get("env") or {}
+    stats = rec.get("stats") or {}
+    model = point.get("model") or config.get("model") or {}
+    row: dict[str, Any] = {
+        "workflow": point.get("workflow"), "status": rec.get("status"), "routine": rec.get("routine"),
+        "topology": point.get("topology"), "cp": point.get("cp"),
+        "mesh": "x".join(map(str, point.get("mesh_shape") or [])) or None,
+        "model": model.get("name"), "dtype": point.get("dtype"), "device": point.get("device"),
+        "MSA_seq": point.get("S"), "CP config": cp_config_label(point),
+        "message": _first_line(rec.get("message")),
+        "result": str(path.relative_to(root)) if path.is_relative_to(root) else str(path),
+    }
+    if rec.get("routine") == "probe":
+        row.update(_probe_fields(rec, point, config))
+    else:
+        row.update(_timing_fields(rec, point))
+    row["comm bytes/block"] = stats.get("comm_bytes_per_block")
+    row["comm share"] = comm_share(stats)
+    for stage, ms in (stats.get("stage_ms") or {}).items():
+        row[STAGE_PREFIX + str(stage)] = ms
+    row.update(_flops_fields(row, model, config, env, peak_tflops_cfg))
+    return row
+
+
+def _first_line(message: str | None) -> str:
+    lines = (message or "").strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def _probe_fields(rec: dict, point: dict, config: dict) -> dict[str, Any]:
+    max_n = rec.get("max_n")
+    at_max = [p for p in rec.get("points") or [] if p.get("fits") and p.get("N") == max_n]
+    return {
+        "row": "max-fit", "N_tokens": max_n, "N_atoms": _atoms_at(max_n, point, config),
+        "peak_mem (GiB)": max_over_ranks(at_max[-1].get("peak_alloc_gib")) if at_max else None,
+        "peak_reserved (GiB)": max_over_ranks(at_max[-1].get("peak_reserved_gib")) if at_max else None,
+        "walltime (ms)": None, "first_fail_n": rec.get("first_fail_n"),
+        "first_fail_status": rec.get("first_fail_status"), "depth": rec.get("depth"),
+        "points_tried": len(rec.get("points") or []),
+    }
+
+
+def _timing_fields(rec: dict, point: dict) -> dict[str, Any]:
+    return {
+        "row": "timing", "N_tokens": point.get("N"), "N_atoms": point.get("N_atoms"),
+        "peak_mem (GiB)": max_over_ranks(rec.get("peak_alloc_gib")),
+        "peak_reserved (GiB)": max_over_ranks(rec.get("peak_reserved_gib")),
+        "walltime (ms)": rec.get("median_ms"), "IQR (ms)": rec.get("iqr_ms"),
+        "min (ms)": rec.get("min_ms"), "max (ms)": rec.get("max_ms"), "tokens/s": rec.get("tokens_per_s"),
+    }
+
+
+def _atoms_at(n_tokens: int | None, point: dict, config: dict) -> int | None:
+    """Atoms at the probe's max N: a fixed ``N_atoms`` if the config set one, else per token."""
+    if n_tokens is None:
+        return None
+    if config.get("N_atoms") not in (None, "null"):
+        return int(config["N_atoms"])
+    per_token = config.get("atoms_per_token")
+    if per_token is None and point.get("N") and point.get("N_atoms"):
+        per_token = point["N_atoms"] / point["N"]
+    return int(round(per_token * n_tokens)) if per_token else None
+
+
+def comm_share(stats: dict) -> float | None:
+    """Fraction of the step spent in communication, where the adapter measured it.
+
+    ``stats["comm_share"]`` if the adapter gives it; else the ``comm``-named stages of
+    ``stats["stage_ms"]`` over the sum of all its stages (stages partition the measured time,
+    so the ratio holds whether they were timed per block or per step).
+    """
+    if stats.get("comm_share") is not None:
+        return float(stats["comm_share"])
+    stages = {str(k): float(v) for k, v in (stats.get("stage_ms") or {}).items() if v is not None}
+    comm = sum(v for k, v in stages.items() if "comm" in k.lower())
+    total = sum(stages.values())
+    if not stages or total <= 0 or not any("comm" in k.lower() for k in stages):
+        return None
+    return comm / total
+
+
+def _flops_fields(row: dict, model: dict, config: dict, env: dict, peak_tflops_cfg: float | None) -> dict[str, Any]:
+    """Step FLOPs, achieved TFLOP/s per GPU and MFU of a timing row of the reference trunk."""
+    out: dict[str, Any] = {"step TFLOP": None, "TFLOP/s/GPU": None, "MFU": None, "peak source": None}
+    if row["row"] != "timing" or row["status"] != "ok" or not flops.is_reference_trunk(model):
+        return out
+    if row["N_tokens"] is None or not row["walltime (ms)"]:
+        return out
+    workflow = config.get("workflow") or {}
+    step = flops.step_flops(int(row["N_tokens"]), flops.PairformerSizes.from_config(model),
+                            train=bool(workflow.get("train", row["workflow"] == "training")),
+                            recycles=int(workflow.get("recycles", model.get("recycles") or 0) or 0),
+                            checkpointing=bool(workflow.get("checkpointing", model.get("checkpointing"))))
+    out["step TFLOP"] = step["step"] / 1e12
+    out["TFLOP/s/GPU"] = flops.achieved_tflops_per_gpu(step["step"], float(row["walltime (ms)"]), int(row["cp"] or 1))
+    peak, source = flops.peak_tflops(env.get("gpu_model"), row["dtype"], peak_tflops_cfg)
+    if peak:
+        out["MFU"] = out["TFLOP/s/GPU"] / peak
+        out["peak source"] = source
+    return out
