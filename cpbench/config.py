@@ -1,0 +1,322 @@
+"""Config validation and derived values: one resolved ``Point`` per sweep point.
+
+Everything a user can get wrong is checked here, before any job starts, and reported as one
+line ``cpbench: error: <key>=<value>: <what is allowed>`` (``ConfigError``). Auto values
+(``cp``, ``device``, ``probe.start``, ``probe.granularity``, ``probe.depth``,
+``memory.limit_gib``) are resolved here, and so are the mesh shape and the padding unit:
+
+* topology 1d: mesh ``("cp",)`` of shape ``(cp,)``; every sharded axis is padded to ``cp``.
+* topology 2d: mesh ``("cp0", "cp1")`` of shape ``(cp0, cp1)``, ``cp0`` the most square
+  divisor of ``cp`` unless ``topology.cp0`` says otherwise; padding unit ``lcm(cp0, cp1)``.
+
+Probe N values are multiples of the padding unit, and the bisection granularity is rounded
+up to one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+# Config groups whose option is a file under conf/<group>/; checked before Hydra composes so
+# that an unknown option is one line, not Hydra's multi-line composition error.
+CHECKED_GROUPS = ("workflow", "topology", "dataset", "model", "sweep")
+WORKFLOWS = ("inference", "training")
+TOPOLOGIES = ("1d", "2d")
+ROUTINES = ("probe", "timing")
+DTYPES = ("bf16", "fp32")
+DEVICES = ("auto", "cuda", "cpu")
+# Keys that do not change a measurement, left out of the resume signature.
+UNSIGNED_KEYS = ("resume", "report", "hydra")
+
+# Auto values, per device kind (conf/config.yaml comments say the same).
+AUTO_PROBE_START = {"cuda": 512, "cpu": 32}
+AUTO_GRANULARITY = {"cuda": 128, "cpu": 16}
+AUTO_LIMIT_GIB = {"cuda": None, "cpu": 3.0}
+AUTO_CP_ON_CPU = 2
+AUTO_INFERENCE_DEPTH = 2
+MIN_WARMUP = 3
+MIN_REPEATS = 5
+
+
+class ConfigError(ValueError):
+    """A user-caused config mistake: ``key=value: what is allowed`` (one line)."""
+
+    def __init__(self, key: str, value: Any, allowed: str):
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"{key}={value}: {allowed}")
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    start: int              # first N (a multiple of the padding unit)
+    growth: float           # ramp factor
+    granularity: int        # bisection stops when the gap is at most this (multiple of the unit)
+    timeout_s: float        # per probe point
+    depth: int | None       # blocks per probe step (run_blocks); None = all blocks
+    max_points: int
+
+
+@dataclass(frozen=True)
+class TimingSettings:
+    warmup: int
+    repeats: int
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class Point:
+    """One sweep point with every auto value resolved (what a job runs)."""
+
+    workflow: str
+    train: bool
+    topology: str
+    cp: int
+    mesh_shape: tuple[int, ...]
+    mesh_dim_names: tuple[str, ...]
+    padding_unit: int
+    N: int
+    N_atoms: int
+    atoms_per_token: int
+    S: int
+    dtype: str
+    device: str             # "cuda" | "cpu"
+    routine: str
+    seed: int
+    profile: bool
+    memory_limit_gib: float | None
+    model: dict = field(default_factory=dict)
+    probe: ProbeSettings | None = None
+    timing: TimingSettings | None = None
+    input: str | None = None  # real inputs: the input file's name
+
+    def record(self) -> dict:
+        """The ``point`` block of the result record (cpbench/results.py)."""
+        return {"workflow": self.workflow, "topology": self.topology, "cp": self.cp,
+                "mesh_shape": list(self.mesh_shape), "N": self.N, "N_atoms": self.N_atoms,
+                "S": self.S, "dtype": self.dtype, "device": self.device, "input": self.input,
+                "model": dict(self.model)}
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- resolvers
+
+def weak_n(base: Any, cp: Any) -> int:
+    """N for weak scaling (N²/cp fixed): ``base·√cp`` rounded to a multiple of 128."""
+    return max(128, int(round(float(base) * math.sqrt(int(cp)) / 128.0)) * 128)
+
+
+def register_resolvers() -> None:
+    """Register ``${cpbench_weak_n:base,cp}`` (conf/sweep/weak.yaml); idempotent."""
+    if not OmegaConf.has_resolver("cpbench_weak_n"):
+        OmegaConf.register_new_resolver("cpbench_weak_n", weak_n)
+
+
+register_resolvers()
+
+
+# ---------------------------------------------------------------- environment
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def local_gpu_count() -> int:
+    """GPUs visible here (0 without CUDA). Never creates a CUDA context."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+# ---------------------------------------------------------------- checks
+
+def _int(key: str, value: Any, minimum: int | None = None, allowed: str | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            else:
+                raise TypeError
+        except TypeError:
+            raise ConfigError(key, value, allowed or "an integer") from None
+    if minimum is not None and value < minimum:
+        raise ConfigError(key, value, allowed or f"an integer >= {minimum}")
+    return int(value)
+
+
+def _positive_float(key: str, value: Any, allowed: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(key, value, allowed)
+    return float(value)
+
+
+def _choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ConfigError(key, value, f"one of {', '.join(choices)}")
+    return str(value)
+
+
+def _is_auto(value: Any) -> bool:
+    return value is None or value == "auto"
+
+
+def round_up(n: int, unit: int) -> int:
+    return -(-int(n) // unit) * unit
+
+
+def most_square_cp0(cp: int) -> int:
+    """The largest divisor of ``cp`` that is at most √cp (2x2 for 4, 2x4 for 8)."""
+    return max(d for d in range(1, math.isqrt(cp) + 1) if cp % d == 0)
+
+
+def mesh_for(topology: str, cp: int, cp0: Any) -> tuple[tuple[int, ...], tuple[str, ...], int]:
+    """(mesh shape, mesh dim names, padding unit) of a topology at ``cp`` ranks."""
+    if topology == "1d":
+        return (cp,), ("cp",), cp
+    if cp0 is None:
+        cp0 = most_square_cp0(cp)
+    cp0 = _int("topology.cp0", cp0, 1, f"a divisor of cp={cp} (or null for the most square grid)")
+    if cp % cp0:
+        raise ConfigError("topology.cp0", cp0, f"a divisor of cp={cp} (or null for the most square grid)")
+    cp1 = cp // cp0
+    return (cp0, cp1), ("cp0", "cp1"), math.lcm(cp0, cp1)
+
+
+def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
+    """Check ``group=option[,option...]`` overrides against the files under ``conf/<group>/``.
+
+    Hydra itself rejects an unknown option only with a multi-line composition error; this
+    gives the one-line error before Hydra runs. Sweep syntax other than a plain comma list
+    (``choice(...)``, globs) is left to Hydra.
+    """
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        key = key.lstrip("+~")
+        if not sep or key not in CHECKED_GROUPS or "(" in value or "*" in value:
+            continue
+        options = sorted(p.stem for p in (conf_dir / key).glob("*.yaml"))
+        for option in value.split(","):
+            if option and option != "null" and option not in options:
+                raise ConfigError(key, option, f"one of {', '.join(options)}")
+
+
+def signature_config(cfg: DictConfig | dict) -> dict:
+    """The resolved config minus the keys that do not change a measurement (resume identity)."""
+    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    return {k: v for k, v in data.items() if k not in UNSIGNED_KEYS}
+
+
+# ---------------------------------------------------------------- resolution
+
+def resolve_point(cfg: DictConfig) -> Point:
+    """Validate ``cfg`` and resolve every auto value; raises ``ConfigError`` (one line)."""
+    try:
+        data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    except Exception as exc:  # noqa: BLE001 - an interpolation the user broke
+        raise ConfigError("config", "?", f"cannot resolve: {str(exc).splitlines()[0]}") from None
+    data = {k: v for k, v in data.items() if k != "hydra"}
+
+    workflow = data.get("workflow") or {}
+    topology = data.get("topology") or {}
+    _choice("workflow", workflow.get("name"), WORKFLOWS)
+    _choice("topology", topology.get("name"), TOPOLOGIES)
+    routine = _choice("routine", data.get("routine"), ROUTINES)
+    dtype = _choice("dtype", data.get("dtype"), DTYPES)
+    device = _choice("device", data.get("device"), DEVICES)
+    if device == "auto":
+        device = "cuda" if cuda_available() else "cpu"
+
+    cp = data.get("cp")
+    if _is_auto(cp):
+        cp = max(1, local_gpu_count()) if device == "cuda" else AUTO_CP_ON_CPU
+    cp = _int("cp", cp, 1, "a positive integer or auto")
+    mesh_shape, dim_names, unit = mesh_for(topology["name"], cp, topology.get("cp0"))
+
+    n = _int("N", data.get("N"), 1, "a positive integer (tokens)")
+    if n < cp:
+        raise ConfigError("N", n, f"at least cp={cp} (every rank needs one token)")
+    atoms_per_token = _int("atoms_per_token", data.get("atoms_per_token"), 1, "a positive integer")
+    n_atoms = data.get("N_atoms")
+    n_atoms = atoms_per_token * n if n_atoms is None else _int("N_atoms", n_atoms, n, f"null or an integer >= N={n}")
+    s = _int("S", data.get("S"), 1, "a positive integer (MSA depth)")
+    input_name = None
+    dataset = data.get("dataset") or {}
+    if dataset.get("name") == "real":
+        input_name, n, n_atoms, s = _real_input_sizes(dataset)
+
+    model = data.get("model") or {}
+    if not isinstance(model, dict) or model.get("_target_") in (None, "???", ""):
+        raise ConfigError("model._target_", model.get("_target_") if isinstance(model, dict) else model,
+                          "a class or module with build_model, build_batch, run_step (model=adapter model._target_=pkg.Cls)")
+
+    probe_cfg = data.get("probe") or {}
+    timing_cfg = data.get("timing") or {}
+    probe = _probe_settings(probe_cfg, device, unit, bool(workflow.get("train")), model)
+    timing = TimingSettings(
+        warmup=_int("timing.warmup", timing_cfg.get("warmup"), MIN_WARMUP, f"an integer >= {MIN_WARMUP}"),
+        repeats=_int("timing.repeats", timing_cfg.get("repeats"), MIN_REPEATS, f"an integer >= {MIN_REPEATS}"),
+        timeout_s=_positive_float("timing.timeout_s", timing_cfg.get("timeout_s"), "seconds > 0"),
+    )
+    limit = (data.get("memory") or {}).get("limit_gib")
+    if limit == "auto":
+        limit = AUTO_LIMIT_GIB[device]
+    elif limit is not None:
+        limit = _positive_float("memory.limit_gib", limit, "auto, null or GiB > 0")
+
+    return Point(
+        workflow=workflow["name"], train=bool(workflow.get("train")), topology=topology["name"], cp=cp,
+        mesh_shape=mesh_shape, mesh_dim_names=dim_names, padding_unit=unit, N=n, N_atoms=n_atoms,
+        atoms_per_token=atoms_per_token, S=s, dtype=dtype, device=device, routine=routine,
+        seed=_int("seed", data.get("seed")), profile=bool(data.get("profile")),
+        memory_limit_gib=limit, model=model, probe=probe, timing=timing, input=input_name,
+    )
+
+
+def _probe_settings(probe: dict, device: str, unit: int, train: bool, model: dict) -> ProbeSettings:
+    start = probe.get("start")
+    start = AUTO_PROBE_START[device] if start == "auto" else _int("probe.start", start, 1, "auto or a positive integer")
+    gran = probe.get("granularity")
+    gran = AUTO_GRANULARITY[device] if gran == "auto" else _int("probe.granularity", gran, 1, "auto or a positive integer")
+    growth = probe.get("growth")
+    if isinstance(growth, bool) or not isinstance(growth, (int, float)) or growth <= 1:
+        raise ConfigError("probe.growth", growth, "a number > 1")
+    depth = probe.get("depth")
+    if depth == "auto":
+        depth = None if train else AUTO_INFERENCE_DEPTH
+    elif depth in (None, "all"):
+        depth = None
+    else:
+        depth = _int("probe.depth", depth, 1, "auto, all or a positive integer (blocks)")
+    blocks = model.get("blocks")
+    if depth is not None and isinstance(blocks, int) and depth >= blocks:
+        depth = None  # the full trunk is already that short
+    return ProbeSettings(
+        start=round_up(start, unit), growth=float(growth), granularity=round_up(gran, unit),
+        timeout_s=_positive_float("probe.timeout_s", probe.get("timeout_s"), "seconds > 0"),
+        depth=depth, max_points=_int("probe.max_points", probe.get("max_points"), 2, "an integer >= 2"),
+    )
+
+
+def _real_input_sizes(dataset: dict) -> tuple[str, int, int, int]:
+    """(name, N, N_atoms, S) of a real input, through the data package's reader."""
+    try:
+        from cpbench.data import resolve_input_sizes  # type: ignore[attr-defined]
+    except ImportError:
+        try:
+            from cpbench.data.real import resolve_input_sizes  # type: ignore[no-redef]
+        except ImportError:
+            raise ConfigError("dataset", "real", "real inputs are not available in this version") from None
+    try:
+        sizes = resolve_input_sizes(dataset)
+    except (ValueError, OSError) as exc:
+        raise ConfigError("dataset.inputs", dataset.get("inputs"), str(exc).splitlines()[0]) from None
+    return sizes.name, int(sizes.N), int(sizes.N_atoms), int(sizes.S)

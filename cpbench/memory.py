@@ -1,0 +1,87 @@
+"""Per-rank memory caps, peak-memory measurement, and out-of-memory classification.
+
+Runs inside a worker process only (the supervisor never touches the GPU).
+
+* Cap (``memory.limit_gib``): on CUDA ``torch.cuda.set_per_process_memory_fraction`` so the
+  caching allocator raises ``torch.OutOfMemoryError`` past the cap (emulates a smaller GPU).
+  On CPU ``RLIMIT_DATA`` set to the worker's data segment after torch + gloo init plus the
+  limit: an oversize tensor then fails inside torch's ``DefaultCPUAllocator`` with a
+  catchable ``RuntimeError`` ("can't allocate memory"), and gloo's threads and sockets keep
+  working. ``RLIMIT_DATA`` rather than ``RLIMIT_AS``: address space also counts shared
+  libraries and glibc's per-thread arena reservations (PROT_NONE, never backed), so it
+  overstates what a tensor may use; the data segment counts exactly the private writable
+  memory tensors live in (both were tried: both give the catchable error).
+* Peak: on CUDA ``max_memory_allocated`` / ``max_memory_reserved`` since a reset; on CPU the
+  peak resident set (``VmHWM``, reset through ``/proc/self/clear_refs``) above the resident
+  set at the reset, reported as both allocated and reserved (``MEASURE_CPU``).
+"""
+
+from __future__ import annotations
+
+import resource
+
+import torch
+
+GIB = float(1 << 30)
+MEASURE_CUDA = "cuda_allocator"          # torch.cuda.max_memory_allocated / reserved
+MEASURE_CPU = "cpu_peak_rss_above_baseline"  # VmHWM - VmRSS at reset (no torch accounting on CPU)
+_OOM_MARKERS = ("out of memory", "can't allocate memory", "defaultcpuallocator", "cannot allocate memory")
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation failure (CUDA or CPU) rather than a bug."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(m in text for m in _OOM_MARKERS)
+
+
+def _proc_status_bytes(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def apply_limit(limit_gib: float | None, device: torch.device) -> str | None:
+    """Cap this process's memory at ``limit_gib`` (see module docstring); returns how."""
+    if limit_gib is None:
+        return None
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, limit_gib * GIB / total), device)
+        return f"cuda memory fraction {min(1.0, limit_gib * GIB / total):.4f} of {total / GIB:.1f} GiB"
+    cap = _proc_status_bytes("VmData") + int(limit_gib * GIB)
+    resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
+    return f"RLIMIT_DATA = baseline + {limit_gib:g} GiB"
+
+
+class PeakMemory:
+    """Peak memory of this process since ``reset()``, in GiB (allocated, reserved)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.measure = MEASURE_CUDA if device.type == "cuda" else MEASURE_CPU
+        self._baseline_rss = 0
+
+    def reset(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return
+        try:
+            # "5" resets the peak resident set size (VmHWM) to the current RSS (Linux >= 4.0).
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
+        self._baseline_rss = _proc_status_bytes("VmRSS")
+
+    def read_gib(self) -> tuple[float, float]:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return (torch.cuda.max_memory_allocated(self.device) / GIB,
+                    torch.cuda.max_memory_reserved(self.device) / GIB)
+        peak = max(0, _proc_status_bytes("VmHWM") - self._baseline_rss) / GIB
+        return peak, peak

@@ -1,0 +1,330 @@
+"""Per-point worker processes: rank slots, rendezvous, rank agreement, timeouts, verdicts.
+
+Execution model (DESIGN.md)::
+
+    job ── supervisor, one per rank slot (CPU only; never touches the GPU)
+             └── worker, one per rank, a fresh process for every probe point / timing run
+
+``discover_slots`` turns the environment into rank slots: local (one supervisor owns all
+``cp`` ranks), torchrun (``RANK``/``WORLD_SIZE``/... : one rank per supervisor) or SLURM
+(submitit's job environment: one rank per task). With several supervisors they form a gloo
+group (``SupervisorGroup``) that no GPU failure can poison: supervisor 0 picks each point's
+worker port and broadcasts it, and every verdict is agreed by a polling all-reduce (any rank
+failed → every supervisor kills its workers after a short grace period).
+
+A point's verdict: ``ok`` when every rank completed; else the root cause — ``oom`` when any
+rank ran out of memory, ``timeout`` when ranks were still running at the point's timeout,
+``error`` with the failing rank's one-line exception (or exit code) otherwise. Errors that
+only echo a dead peer (gloo "connection closed", NCCL aborts) are never the root cause.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cpbench.config import Point
+
+log = logging.getLogger("cpbench")
+
+POLL_S = 0.1
+# Peers of a failed rank usually sit in a collective that never returns: after this grace
+# period (enough for them to report an error of their own) they are killed.
+FAIL_GRACE_S = 3.0
+# Messages of ranks that failed only because a peer died first.
+_PEER_FAILURE_MARKERS = ("connection closed by peer", "connection reset", "broken pipe", "peer",
+                         "nccl communicator was aborted", "process group", "timed out", "socket")
+# Environment a worker must not inherit from a torchrun/SLURM supervisor: it joins the point's
+# own group through an explicit tcp:// address.
+_SUPERVISOR_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                   "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
+
+
+@dataclass(frozen=True)
+class Slots:
+    """The rank slots this supervisor owns.
+
+    Attributes:
+        mode: "local" | "torchrun" | "slurm".
+        world_size: ranks of the point in total (must equal cp).
+        supervisor_rank: this supervisor's index (0 writes files).
+        num_supervisors: supervisors of the job.
+        ranks: global worker ranks this supervisor starts.
+        device_indices: local CUDA device of each of ``ranks`` (0 on CPU).
+        master_addr: host of supervisor 0 (the workers' rendezvous host too).
+        master_port: the supervisors' group port (unused locally).
+    """
+
+    mode: str
+    world_size: int
+    supervisor_rank: int
+    num_supervisors: int
+    ranks: tuple[int, ...]
+    device_indices: tuple[int, ...]
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+
+
+def _visible_gpu_count() -> int:
+    from cpbench.config import local_gpu_count
+
+    return local_gpu_count()
+
+
+def discover_slots(cp: int, device: str) -> Slots:
+    """Rank slots from the environment: SLURM (submitit) > torchrun > local.
+
+    Under SLURM and torchrun each supervisor runs one rank; its GPU is ``LOCAL_RANK`` when it
+    sees several, else device 0 (SLURM may have bound one GPU per task already: never force
+    another ``CUDA_VISIBLE_DEVICES``).
+    """
+    env = os.environ
+    dist_env = None
+    if "SLURM_JOB_ID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+        try:
+            from submitit.helpers import TorchDistributedEnvironment
+
+            dist_env = TorchDistributedEnvironment()
+        except Exception:  # noqa: BLE001 - not a submitit job (e.g. a bare srun): use torchrun vars
+            dist_env = None
+    if dist_env is not None:
+        mode, rank, world = "slurm", dist_env.rank, dist_env.world_size
+        local_rank, addr, port = dist_env.local_rank, dist_env.master_addr, dist_env.master_port
+    elif int(env.get("WORLD_SIZE", "1")) > 1 and "RANK" in env and "MASTER_ADDR" in env:
+        mode, rank, world = "torchrun", int(env["RANK"]), int(env["WORLD_SIZE"])
+        local_rank, addr, port = int(env.get("LOCAL_RANK", "0")), env["MASTER_ADDR"], int(env["MASTER_PORT"])
+    else:
+        return Slots("local", cp, 0, 1, tuple(range(cp)), tuple(range(cp)) if device == "cuda" else (0,) * cp)
+    gpu = (local_rank if _visible_gpu_count() > 1 else 0) if device == "cuda" else 0
+    return Slots(mode, world, rank, world, (rank,), (gpu,), addr, port)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class SupervisorGroup:
+    """The supervisors' CPU (gloo) group; a no-op with a single supervisor."""
+
+    def __init__(self, slots: Slots, timeout_s: float = 3600.0):
+        self.slots = slots
+        self.size = slots.num_supervisors
+        if self.size > 1:
+            import datetime as dt
+
+            import torch.distributed as dist
+
+            dist.init_process_group("gloo", init_method=f"tcp://{slots.master_addr}:{slots.master_port}",
+                                    rank=slots.supervisor_rank, world_size=self.size,
+                                    timeout=dt.timedelta(seconds=timeout_s))
+
+    def worker_port(self) -> int:
+        """A fresh rendezvous port for one point's workers, picked by supervisor 0."""
+        port = free_port() if self.slots.supervisor_rank == 0 else 0
+        if self.size == 1:
+            return port
+        import torch.distributed as dist
+
+        box = [port]
+        dist.broadcast_object_list(box, src=0)
+        return int(box[0])
+
+    def any_all(self, flags: list[int]) -> list[int]:
+        """Element-wise max of ``flags`` over supervisors (one all-reduce)."""
+        if self.size == 1:
+            return flags
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor(flags, dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def broadcast(self, obj):
+        """Supervisor 0's ``obj`` on every supervisor."""
+        if self.size == 1:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather(self, obj: list) -> list:
+        """Concatenation of every supervisor's list (ordered by supervisor)."""
+        if self.size == 1:
+            return obj
+        import torch.distributed as dist
+
+        out: list = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return [x for part in out for x in part]
+
+    def close(self) -> None:
+        if self.size > 1:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+@dataclass
+class PointRun:
+    """What the workers of one point do: one step (probe) or warmup + repeats (timing)."""
+
+    N: int
+    n_atoms: int
+    S: int
+    timeout_s: float
+    warmup: int = 0
+    repeats: int = 1
+    run_blocks: int | None = None
+    profile_path: str | None = None   # "{rank}" is replaced by the rank
+
+
+@dataclass
+class PointResult:
+    """The agreed verdict of one point and every rank's outcome (ordered by rank)."""
+
+    status: str
+    message: str
+    ranks: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def per_rank(self, key: str) -> list:
+        return [r.get(key) for r in self.ranks]
+
+
+class Runner:
+    """Runs points of one job on its rank slots; every call starts fresh workers."""
+
+    def __init__(self, point: Point, slots: Slots, group: SupervisorGroup):
+        self.point, self.slots, self.group = point, slots, group
+
+    def run(self, task: PointRun) -> PointResult:
+        started = time.time()
+        port = self.group.worker_port()
+        work_dir = Path(tempfile.mkdtemp(prefix=f"cpbench-N{task.N}-"))
+        try:
+            procs = self._spawn(task, port, work_dir)
+            timed_out = self._wait(procs, task.timeout_s)
+            local = [self._outcome(rank, proc, work_dir, timed_out) for rank, proc in procs]
+        finally:
+            shutil.rmtree(work_dir, ignore_errors=True)
+        ranks = sorted(self.group.gather(local), key=lambda r: r["rank"])
+        status, message = verdict(ranks, timed_out, task.timeout_s)
+        return PointResult(status, message, ranks, time.time() - started)
+
+    def _spawn(self, task: PointRun, port: int, work_dir: Path) -> list[tuple[int, subprocess.Popen]]:
+        p = self.point
+        spec = {
+            "device": p.device, "world_size": self.slots.world_size, "master_addr": self.slots.master_addr
+            if self.slots.num_supervisors > 1 else "127.0.0.1", "master_port": port,
+            "mesh_shape": list(p.mesh_shape), "mesh_dim_names": list(p.mesh_dim_names),
+            "model": p.model, "seed": p.seed, "train": p.train, "memory_limit_gib": p.memory_limit_gib,
+            "N": task.N, "n_atoms": task.n_atoms, "S": task.S, "run_blocks": task.run_blocks,
+            "warmup": task.warmup, "repeats": task.repeats, "profile_path": task.profile_path,
+            "timeout_s": task.timeout_s, "work_dir": str(work_dir),
+            # Cores shared by the local ranks: oversubscribed intra-op threads distort CPU times.
+            "threads": max(1, (os.cpu_count() or 1) // len(self.slots.ranks)),
+        }
+        (work_dir / "spec.json").write_text(json.dumps(spec))
+        env = {k: v for k, v in os.environ.items() if k not in _SUPERVISOR_ENV}
+        procs = []
+        for rank, dev in zip(self.slots.ranks, self.slots.device_indices):
+            logf = open(work_dir / f"rank{rank}.log", "wb")
+            # A new session per worker: its whole process group can be killed at once.
+            procs.append((rank, subprocess.Popen(
+                [sys.executable, "-m", "cpbench.worker", str(work_dir / "spec.json"), str(rank), str(dev)],
+                stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)))
+            logf.close()
+        return procs
+
+    def _wait(self, procs: list[tuple[int, subprocess.Popen]], timeout_s: float) -> bool:
+        """Poll until every rank is done; kill all on a failure (after a grace) or the timeout.
+
+        Returns whether the point timed out. Every supervisor runs the same number of
+        all-reduces per loop, so the loop ends on the same iteration everywhere.
+        """
+        deadline = time.monotonic() + timeout_s
+        failed_at = None
+        while True:
+            codes = [proc.poll() for _, proc in procs]
+            local_failed = int(any(c not in (None, 0) for c in codes))
+            local_running = int(any(c is None for c in codes))
+            now = time.monotonic()
+            failed, running, late = self.group.any_all([local_failed, local_running, int(now > deadline)])
+            if not running:
+                return False
+            if failed and failed_at is None:
+                failed_at = now
+            if late or (failed_at is not None and now - failed_at > FAIL_GRACE_S):
+                self._kill(procs)
+                return bool(late and failed_at is None)
+            time.sleep(POLL_S)
+
+    @staticmethod
+    def _kill(procs: list[tuple[int, subprocess.Popen]]) -> None:
+        for _, proc in procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for _, proc in procs:
+            proc.wait()
+
+    @staticmethod
+    def _outcome(rank: int, proc: subprocess.Popen, work_dir: Path, timed_out: bool) -> dict:
+        path = work_dir / f"rank{rank}.json"
+        if path.exists():
+            return json.loads(path.read_text())
+        code = proc.returncode
+        if code is not None and code < 0 and -code == signal.SIGKILL:
+            status = "timeout" if timed_out else "killed"
+            message = "still running at the point's timeout" if timed_out else "killed after a peer failed"
+        else:
+            status, message = "error", f"exited with code {code} without a report{_log_tail(work_dir, rank)}"
+        return {"rank": rank, "status": status, "message": message, "peak_alloc_gib": None,
+                "peak_reserved_gib": None, "exit_code": code}
+
+
+def _log_tail(work_dir: Path, rank: int) -> str:
+    try:
+        lines = [ln for ln in (work_dir / f"rank{rank}.log").read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return f" ({lines[-1].strip()[:300]})" if lines else ""
+
+
+def _is_peer_echo(message: str) -> bool:
+    text = message.lower()
+    return any(m in text for m in _PEER_FAILURE_MARKERS)
+
+
+def verdict(ranks: list[dict], timed_out: bool, timeout_s: float) -> tuple[str, str]:
+    """(status, message) of a point from its per-rank outcomes (see the module docstring)."""
+    failed = [r for r in ranks if r["status"] not in ("ok", "killed", "timeout")]
+    if not failed:
+        if timed_out:
+            late = [r["rank"] for r in ranks if r["status"] == "timeout"]
+            return "timeout", f"rank(s) {late} still running after {timeout_s:g} s (killed)"
+        if all(r["status"] == "ok" for r in ranks):
+            return "ok", ""
+        return "error", "workers were killed without a failing rank"
+    ooms = [r for r in failed if r["status"] == "oom"]
+    roots = ooms or [r for r in failed if not _is_peer_echo(r.get("message", ""))] or failed
+    root = min(roots, key=lambda r: (r.get("finished_at", math.inf), r["rank"]))
+    return root["status"], f"rank {root['rank']}: {root.get('message', '')}"
