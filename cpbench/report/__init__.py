@@ -110,7 +110,8 @@ def _from_report_config(records: list[dict], key: str):
 
 def recorded_command(records: list[dict], root: Path) -> str | None:
     """The command that made the results: a record's ``command``, else rebuilt from the sweep's
-    ``multirun.yaml`` (Hydra's record of the multirun's overrides); None when neither exists."""
+    ``multirun.yaml`` (Hydra's record of the multirun's overrides), else a single job's own
+    ``overrides``; None when nothing records it."""
     for rec in records:
         if rec.get("command"):
             return str(rec["command"])
@@ -120,8 +121,11 @@ def recorded_command(records: list[dict], root: Path) -> str | None:
             import yaml
 
             cfg = yaml.safe_load(multirun.read_text()) or {}
-            task = ((cfg.get("hydra") or {}).get("overrides") or {}).get("task") or []
-            return " ".join(["python -m cpbench -m"] + [str(t) for t in task])
+            overrides = (cfg.get("hydra") or {}).get("overrides") or {}
+            hydra_args = [str(o) for o in overrides.get("hydra") or [] if not str(o).startswith("hydra.mode=")]
+            return " ".join(["python -m cpbench -m"] + [str(t) for t in overrides.get("task") or []] + hydra_args)
         except Exception:  # noqa: BLE001 - an unreadable multirun.yaml only loses the command line
-            return None
+            pass
+    if len(records) == 1 and records[0].get("overrides") is not None:
+        return " ".join(["python -m cpbench"] + [str(t) for t in records[0]["overrides"]])
     return None

@@ -14,7 +14,8 @@ def capacity_gib(record: dict) -> float | None:
     """The per-rank memory the probe ran against: ``memory.limit_gib`` when numeric, else the
     GPU's memory from the metadata; None when neither is known (e.g. an unresolved ``auto``)."""
     memory = (record.get("config") or {}).get("memory") or {}
-    for value in (record.get("memory_limit_gib"), memory.get("limit_gib")):
+    point = record.get("point") or {}
+    for value in (point.get("memory_limit_gib"), record.get("memory_limit_gib"), memory.get("limit_gib")):
         try:
             if value is not None and float(value) > 0:
                 return float(value)
