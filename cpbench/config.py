@@ -242,8 +242,6 @@ def resolve_point(cfg: DictConfig) -> Point:
     mesh_shape, dim_names, unit = mesh_for(topology["name"], cp, topology.get("cp0"))
 
     n = _int("N", data.get("N"), 1, "a positive integer (tokens)")
-    if n < cp:
-        raise ConfigError("N", n, f"at least cp={cp} (every rank needs one token)")
     atoms_per_token = _int("atoms_per_token", data.get("atoms_per_token"), 1, "a positive integer")
     n_atoms = data.get("N_atoms")
     n_atoms = atoms_per_token * n if n_atoms is None else _int("N_atoms", n_atoms, n, f"null or an integer >= N={n}")
@@ -252,11 +250,14 @@ def resolve_point(cfg: DictConfig) -> Point:
     dataset = data.get("dataset") or {}
     if dataset.get("name") == "real":
         input_name, n, n_atoms, s = _real_input_sizes(dataset)
+    if n < cp:
+        raise ConfigError("N", n, f"at least cp={cp} (every rank needs one token)")
 
     model = data.get("model") or {}
     if not isinstance(model, dict) or model.get("_target_") in (None, "???", ""):
         raise ConfigError("model._target_", model.get("_target_") if isinstance(model, dict) else model,
                           "a class or module with build_model, build_batch, run_step (model=adapter model._target_=pkg.Cls)")
+    _check_importable(str(model["_target_"]))
 
     probe_cfg = data.get("probe") or {}
     timing_cfg = data.get("timing") or {}
@@ -304,6 +305,35 @@ def _probe_settings(probe: dict, device: str, unit: int, train: bool, model: dic
         timeout_s=_positive_float("probe.timeout_s", probe.get("timeout_s"), "seconds > 0"),
         depth=depth, max_points=_int("probe.max_points", probe.get("max_points"), 2, "an integer >= 2"),
     )
+
+
+def _check_importable(target: str) -> None:
+    """A misspelt adapter fails here, once, rather than in every worker of every point."""
+    from cpbench.models.api import AdapterError, _import_target
+
+    try:
+        _import_target(target)
+    except AdapterError as exc:
+        raise ConfigError("model._target_", target, str(exc).split(": ", 1)[-1]) from None
+
+
+def cpu_default_model(cfg: DictConfig, model_choice: str | None, overrides: list[str]) -> str | None:
+    """On a CPU, swap the full-size reference trunk for its ``tiny`` preset (in place).
+
+    The Boltz-2-sized trunk takes hours per probe point on a CPU; ``python -m cpbench``
+    without a model override should finish in minutes, so it probes the same code path at
+    the tiny sizes. Returns a note saying so, or None when nothing was swapped.
+    """
+    if model_choice != "pairformer" or any(o.lstrip("+~").startswith("model") for o in overrides):
+        return None
+    device = cfg.get("device")
+    if device == "cpu" or (device == "auto" and not cuda_available()):
+        tiny = OmegaConf.load(CONF_DIR / "model" / "tiny.yaml")
+        tiny.pop("defaults", None)
+        cfg.model = OmegaConf.merge(cfg.model, tiny)
+        return ("model=tiny: on a CPU the default reference trunk runs at its tiny preset "
+                "(pass model=pairformer or another preset to choose)")
+    return None
 
 
 def _real_input_sizes(dataset: dict) -> tuple[str, int, int, int]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from cpbench import results
-from cpbench.config import ConfigError, Point, local_gpu_count, resolve_point, signature_config
+from cpbench.config import ConfigError, Point, cpu_default_model, local_gpu_count, resolve_point, signature_config
 from cpbench.runner import Runner, Slots, SupervisorGroup, discover_slots
 
 log = logging.getLogger("cpbench")
@@ -29,17 +29,17 @@ log = logging.getLogger("cpbench")
 SWEEP_TOTAL_ENV = "CPBENCH_SWEEP_TOTAL"
 
 
-def _hydra_info() -> tuple[Path, bool, int | None, Path | None, list[str]]:
-    """(output dir, is multirun, job number, sweep dir, task overrides) of the current job."""
+def _hydra_info() -> tuple[Path, bool, int | None, Path | None, list[str], str | None]:
+    """(output dir, is multirun, job number, sweep dir, task overrides, model choice) of this job."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     if not HydraConfig.initialized():
-        return Path.cwd(), False, None, None, []
+        return Path.cwd(), False, None, None, [], None
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     return (Path(hc.runtime.output_dir), multirun, hc.job.get("num") if multirun else None,
-            Path(hc.sweep.dir) if multirun else None, list(hc.overrides.task))
+            Path(hc.sweep.dir) if multirun else None, list(hc.overrides.task), hc.runtime.choices.get("model"))
 
 
 def env_metadata(device: str) -> dict:
@@ -85,7 +85,10 @@ def _gpu_shortage(point: Point, slots: Slots) -> str | None:
 def run_job(cfg: DictConfig) -> dict:
     """Run one sweep point and write its result record; returns the record."""
     started = time.time()
-    out_dir, multirun, job_num, sweep_dir, overrides = _hydra_info()
+    out_dir, multirun, job_num, sweep_dir, overrides, model_choice = _hydra_info()
+    note = cpu_default_model(cfg, model_choice, overrides)
+    if note:
+        log.info("cpbench: %s", note)
     try:
         point = resolve_point(cfg)
     except ConfigError as exc:
@@ -123,6 +126,8 @@ def run_job(cfg: DictConfig) -> dict:
     finally:
         group.close()
     status, message = fields.pop("status"), fields.pop("message")
+    if note:
+        fields["notes"] = [note]
     return _finish(cfg, point, status, message, fields, out_dir, job_num, overrides, started,
                    signature=signature, write=writer)
 
@@ -163,6 +168,20 @@ def _finish(cfg: DictConfig, point: Point | None, status: str, message: str, fie
         record["_path"] = str(path)
     log.info("%s%s", _progress(job_num), one_line(record))
     return record
+
+
+def write_unreported(cfg: DictConfig, status: str, message: str, fields: dict, out_dir: Path,
+                     job_num: int | None, overrides: list[str], started: float) -> dict:
+    """The row of a point whose job never reported (SLURM killed it, or it died before writing).
+
+    Written by the controller (``cpbench.launcher.collect``) into the job's output dir. No
+    signature: ``resume=true`` runs the point again.
+    """
+    try:
+        point = resolve_point(cfg)
+    except ConfigError:
+        point = None
+    return _finish(cfg, point, status, message, fields, out_dir, job_num, overrides, started)
 
 
 def _progress(job_num: int | None) -> str:
@@ -221,4 +240,6 @@ def summary(record: dict) -> str:
                      f"{record.get('tokens_per_s') or 0:.0f} tokens/s")
         elif record.get("message"):
             text += f" ({record['message'][:200]})"
+    for note in record.get("notes") or []:
+        text += f". Note: {note}"
     return text + f". Result: {path}"

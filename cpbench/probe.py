@@ -172,7 +172,8 @@ class Probe:
         }
         if max_n is None:
             out["status"] = fail["status"] if fail else "error"
-            out["message"] = f"no N fits down to {self.point.padding_unit}: " + (fail["message"] if fail else "")
+            smallest = min(self.points) if self.points else None
+            out["message"] = f"no N fits (smallest tried: {smallest}): " + (fail["message"] if fail else "")
         else:
             out["status"] = "ok"
             out["message"] = (f"stopped at probe.max_points={self.settings.max_points} before the bisection "
