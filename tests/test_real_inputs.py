@@ -96,7 +96,7 @@ def test_dataset_config_composes_and_resolves():
 _HEADER = "version: 1\nsequences:\n"
 BAD_INPUTS = [
     # (file name, content, the error names ...)
-    ("nope.yaml", None, r"dataset.inputs=.*nope.yaml: no such file"),
+    ("nope.yaml", None, r"nope.yaml: no such file \(dataset.inputs\)"),
     ("input.txt", "hello", r"input.txt: unknown input type"),
     ("bad.yaml", _HEADER + "  - protein: {id: A, sequence: MKV\n  - dna", r"bad.yaml:\d+: malformed YAML"),
     ("res.yaml", _HEADER + "  - protein: {id: A, sequence: MKBV}", r"res.yaml: sequences\[0\].protein.sequence: unknown protein residue 'B' at position 3"),
@@ -107,7 +107,8 @@ BAD_INPUTS = [
     ("kind.yaml", _HEADER + "  - peptide: {id: A, sequence: MKV}", r"kind.yaml: sequences\[0\]: each entry is one of"),
     ("dna.fasta", ">A|dna\nACGU\n", r"dna.fasta:1: unknown dna residue 'U' at position 4"),
     ("hdr.fasta", ">A|protien\nMKV\n", r"hdr.fasta:1: header type 'protien'"),
-    ("msa.fasta", ">A|protein|missing.a3m\nMKV\n", r"msa.fasta:1: MSA: cannot read MSA"),
+    ("msa.fasta", ">A|protein|missing.a3m\nMKV\n", r"msa.fasta:1: MSA: no such MSA file .*missing.a3m"),
+    ("binary.yaml", b"\x89PNG\r\n\x1a\n\xff\xfe\x00", r"binary.yaml: not a text YAML file"),
     ("short.fasta", ">A|protein|short.a3m\nMKV\n", r"short.a3m:3: A3M record has 2 match states, the query has 3"),
     ("junk.cif", "this is not a structure\n", r"junk.cif: gemmi cannot read the structure"),
 ]
@@ -115,7 +116,9 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("name, content, message", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_input_is_one_line_naming_file_and_field(tmp_path, name, content, message):
-    if content is not None:
+    if isinstance(content, bytes):
+        (tmp_path / name).write_bytes(content)
+    elif content is not None:
         (tmp_path / name).write_text(content)
     (tmp_path / "short.a3m").write_text(">q\nMKV\n>h\nMK\n")
     with pytest.raises(InputError) as err:
@@ -123,6 +126,16 @@ def test_bad_input_is_one_line_naming_file_and_field(tmp_path, name, content, me
     text = str(err.value)
     assert "\n" not in text
     assert __import__("re").search(message, text), text
+
+
+def test_directory_or_missing_ccd_dictionary_is_named(tmp_path):
+    (tmp_path / "dir.fasta").mkdir()
+    with pytest.raises(InputError, match=r"dir.fasta: no such file"):
+        resolve_input_sizes({"inputs": str(tmp_path / "dir.fasta")})
+    spec = tmp_path / "gol.yaml"
+    spec.write_text(_HEADER + "  - ligand: {id: G, ccd: GOL}\n")
+    with pytest.raises(InputError, match=r"missing.cif: dataset.ccd: cannot read the components dictionary"):
+        resolve_input_sizes({"inputs": str(spec), "ccd": str(tmp_path / "missing.cif")})
 
 
 def test_unknown_ccd_code_names_the_code_and_dictionary(tmp_path):

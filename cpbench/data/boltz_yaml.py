@@ -22,7 +22,7 @@ import yaml
 
 from cpbench.data.chem import ComponentsDictionary, smiles_heavy_atoms
 from cpbench.data.msa import a3m_depth
-from cpbench.data.tokenize import InputError, Sizes, per_atom, polymer_residues, standard_residue
+from cpbench.data.tokenize import InputError, Sizes, per_atom, polymer_residues, read_text, standard_residue
 from cpbench.data.vocab import STANDARD_RESIDUES
 
 POLYMERS = ("protein", "dna", "rna")
@@ -32,7 +32,7 @@ ENTITY_TYPES = (*POLYMERS, "ligand")
 def read_boltz_yaml(path: Path, ccd: ComponentsDictionary) -> tuple[Sizes, int]:
     """Sizes and MSA depth of a Boltz input YAML (raises ``InputError`` naming file and field)."""
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yaml.safe_load(read_text(path, "YAML"))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else f"{path}"
@@ -89,8 +89,6 @@ def _polymer(kind: str, entity: dict, field: str, base: Path, ccd: ComponentsDic
         return sizes, 1
     msa_path = Path(str(msa)).expanduser()
     msa_path = msa_path if msa_path.is_absolute() else base / msa_path
-    if not msa_path.is_file():
-        raise InputError(f"{field}.msa", f"no such MSA file {str(msa_path)!r}")
     if msa_path.suffix.lower() != ".a3m":
         raise InputError(f"{field}.msa", f"{str(msa)!r}: an .a3m file or 'empty' is expected")
     return sizes, a3m_depth(msa_path, "".join(sequence.split()), f"{field}.msa")

@@ -22,17 +22,14 @@ from pathlib import Path
 
 from cpbench.data.chem import ComponentsDictionary, smiles_heavy_atoms
 from cpbench.data.msa import a3m_depth
-from cpbench.data.tokenize import InputError, Sizes, per_atom, polymer_residues, standard_residue
+from cpbench.data.tokenize import InputError, Sizes, per_atom, polymer_residues, read_text, standard_residue
 
 TYPES = ("protein", "dna", "rna", "smiles", "ccd")
 
 
 def read_fasta(path: Path, ccd: ComponentsDictionary) -> tuple[Sizes, int]:
     """Sizes and MSA depth of a FASTA file (raises ``InputError`` naming ``file:line``)."""
-    try:
-        lines = path.read_text().splitlines()
-    except UnicodeDecodeError:
-        raise InputError(f"{path}", "not a text FASTA file") from None
+    lines = read_text(path, "FASTA").splitlines()
     records: list[tuple[int, str, str]] = []  # (header line, header, sequence)
     for number, line in enumerate(lines, start=1):
         line = line.strip()

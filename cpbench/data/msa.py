@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cpbench.data.tokenize import InputError
+from cpbench.data.tokenize import InputError, read_text
 
 
 def a3m_depth(path: Path, query: str, where: str) -> int:
@@ -24,12 +24,9 @@ def a3m_depth(path: Path, query: str, where: str) -> int:
         InputError: a missing/unreadable file (naming ``where``), an empty MSA, or a record
             whose match states do not line up with the query (naming ``file:line``).
     """
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise InputError(where, f"cannot read MSA {str(path)!r} ({exc.strerror or exc})") from None
-    except UnicodeDecodeError:
-        raise InputError(where, f"MSA {str(path)!r} is not a text A3M file") from None
+    if not path.is_file():
+        raise InputError(where, f"no such MSA file {str(path)!r}")
+    lines = read_text(path, "A3M").splitlines()
     records: list[tuple[int, str]] = []  # (line of the header, sequence)
     for number, line in enumerate(lines, start=1):
         line = line.strip()

@@ -80,9 +80,9 @@ def locate_input(name: str) -> Path:
     if not path.exists() and not path.is_absolute() and (SHIPPED_INPUTS / path).exists():
         path = SHIPPED_INPUTS / path
     if _suffix(path) not in READERS:
-        raise InputError(f"dataset.inputs={name}", f"unknown input type; expected a file ending in {', '.join(READERS)}")
+        raise InputError(name, f"unknown input type (dataset.inputs); expected a file ending in {', '.join(READERS)}")
     if not path.is_file():
-        raise InputError(f"dataset.inputs={name}", "no such file")
+        raise InputError(name, "no such file (dataset.inputs)")
     try:
         with open(path, "rb"):
             pass

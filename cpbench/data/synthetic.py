@@ -259,8 +259,10 @@ def _msa_block(
     msa[~msa_mask] = GAP_INDEX
     deletions[~msa_mask] = 0
     real_rows = row_real.sum().clamp(min=1)
-    one_hot = torch.nn.functional.one_hot(msa[row_real], NUM_RESTYPES).to(torch.float32)
-    profile = one_hot.sum(0) / real_rows * token_mask[:, None]
+    # class counts per column without an [S, n, 32] one-hot
+    real_msa = msa[row_real].t()  # [n, S_real]
+    counts = torch.zeros(n, NUM_RESTYPES).scatter_add_(1, real_msa, torch.ones(real_msa.shape))
+    profile = counts / real_rows * token_mask[:, None]
     return {
         "msa": msa,
         "has_deletion": deletions > 0,

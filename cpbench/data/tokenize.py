@@ -61,3 +61,13 @@ def polymer_residues(kind: str, sequence: str, where: str) -> list[str]:
             raise InputError(where, f"unknown {kind} residue {letter!r} at position {position} (allowed: {''.join(letters)})")
         names.append(letters[letter])
     return names
+
+
+def read_text(path, what: str) -> str:
+    """The text of an input file; an unreadable or binary file is an ``InputError``."""
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise InputError(f"{path}", f"cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}", f"not a text {what} file (byte {exc.start})") from None
