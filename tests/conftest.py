@@ -1,0 +1,57 @@
+"""Shared test helpers: run ``python -m cpbench`` in a subprocess; the CPU timing multirun.
+
+Test adapters live in ``tests/adapters`` and are imported by worker processes, so the
+repository root is put on ``PYTHONPATH`` for every subprocess the tests start.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+
+# The acceptance multirun of issue 2: 8 timing points of the tiny reference trunk on CPU.
+TIMING_MULTIRUN_ARGS = ["-m", "workflow=inference,training", "cp=1,2", "N=32,48", "model=tiny", "device=cpu",
+                        "routine=timing"]
+
+
+def run_cpbench(args: list[str], cwd: Path, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    """``python -m cpbench ARGS`` in ``cwd`` (outputs and report land there)."""
+    return subprocess.run([sys.executable, "-m", "cpbench", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout_s, env=os.environ.copy())
+
+
+def fault_model(fault: str, threshold_n: int = 48) -> list[str]:
+    """Overrides selecting the fault-injecting test adapter."""
+    return ["model=adapter", "model._target_=tests.adapters.faults.FaultAdapter", f"+model.fault={fault}",
+            f"+model.threshold_n={threshold_n}"]
+
+
+def reference_adapter_missing() -> str | None:
+    """Why the reference trunk cannot run here (None when it can)."""
+    try:
+        importlib.import_module("cpbench.models.pairformer.adapter")
+    except Exception as exc:  # noqa: BLE001 - any import failure means: not there yet
+        return f"cpbench.models.pairformer.adapter does not import yet ({type(exc).__name__}: {exc})"
+    return None
+
+
+@pytest.fixture(scope="session")
+def timing_multirun(tmp_path_factory) -> Path:
+    """Sweep dir of ``python -m cpbench -m workflow=inference,training cp=1,2 N=32,48
+    model=tiny device=cpu routine=timing`` (8 jobs); the report tests reuse it."""
+    reason = reference_adapter_missing()
+    if reason:
+        pytest.skip(reason)
+    launch_dir = tmp_path_factory.mktemp("timing_multirun")
+    sweep_dir = launch_dir / "sweep"
+    proc = run_cpbench([*TIMING_MULTIRUN_ARGS, f"hydra.sweep.dir={sweep_dir}"], cwd=launch_dir, timeout_s=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return sweep_dir
