@@ -83,3 +83,9 @@ def test_unsorted_atom_to_token_is_rejected():
     features["atom_to_token"] = features["atom_to_token"].flip(0)
     with pytest.raises(ValueError, match="non-decreasing"):
         pad_features(features, units=2)
+
+
+def test_msa_of_a_column_range_cannot_be_padded_as_a_global_one():
+    features = make_synthetic_features(40, 160, 4, torch.Generator().manual_seed(0), msa_columns=(0, 20))
+    with pytest.raises(ValueError, match="'msa' has 20 tokens"):
+        pad_features(features, units=2)

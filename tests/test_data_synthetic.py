@@ -21,6 +21,16 @@ def test_synthetic_features_match_feature_spec(N, n_atoms, S):
         assert tuple(f[key].shape) == tuple(sizes.get(d, d) for d in spec.shape), key
 
 
+def test_every_small_size_gives_consistent_features():
+    for N in range(1, 130):
+        n_atoms = N + (N * 5) // 3
+        f = _features(N, n_atoms, 1 + N % 5, seed=N)
+        assert f["atom_to_token"].shape == (n_atoms,) and f["msa"].shape == (1 + N % 5, N)
+        counts = torch.bincount(f["atom_to_token"][f["atom_mask"]], minlength=N)
+        assert (counts[f["token_mask"]] >= 1).all(), N
+        assert f["token_mask"].any() and f["atom_mask"].any()
+
+
 def test_synthetic_masks_are_neither_all_on_nor_all_off():
     f = _features(200, 1600, 32)
     for key in ("token_mask", "atom_mask", "msa_mask"):

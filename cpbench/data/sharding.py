@@ -99,8 +99,9 @@ def pad_features(
     """Pad the token axis and regroup the atom axis into ``units`` blocks (module docstring).
 
     Args:
-        features: global features keyed as in ``FEATURE_SPEC``: token dims ``[N, ...]``, atom
-            dims ``[N_atoms, ...]``, MSA ``[S, N]``; ``atom_to_token`` non-decreasing.
+        features: global features keyed as in ``FEATURE_SPEC`` (at least ``token_mask`` and
+            ``atom_to_token``, non-decreasing): token dims ``[N, ...]``, atom dims
+            ``[N_atoms, ...]``, MSA ``[S, N]``.
         units: blocks of the layout (``units_for_mesh(mesh_shape)``).
         token_multiple: N_pad is also a multiple of this (the topology's padding unit).
         atom_multiple: each atom block's length is a multiple of this.
@@ -112,8 +113,11 @@ def pad_features(
     unknown = set(features) - set(FEATURE_SPEC)
     if unknown:
         raise KeyError(f"no sharding rule for feature(s) {sorted(unknown)}; add them to FEATURE_SPEC")
-    a2t = features["atom_to_token"]
-    N = next(features[k].shape[FEATURE_SPEC[k].shape.index("N")] for k in features if "N" in FEATURE_SPEC[k].shape)
+    a2t, N = features["atom_to_token"], features["token_mask"].shape[0]
+    for key, value in features.items():  # e.g. an MSA generated for a column range only
+        dims = FEATURE_SPEC[key].shape
+        if "N" in dims and value.shape[dims.index("N")] != N:
+            raise ValueError(f"feature {key!r} has {value.shape[dims.index('N')]} tokens, token_mask has {N}")
     if a2t.numel() and (bool((a2t[1:] < a2t[:-1]).any()) or int(a2t.min()) < 0 or int(a2t.max()) >= N):
         raise ValueError("atom_to_token must be non-decreasing and index [0, N): atoms sorted by token")
     n_tokens_padded = padded_size(N, math.lcm(units, token_multiple))

@@ -94,10 +94,10 @@ def spread_counts(total: int, parts: int, minimum: int, generator: torch.Generat
 
     Returns: ``[parts]`` int64.
     """
-    if parts == 0:
+    if parts == 0 and total == 0:
         return torch.zeros(0, dtype=torch.int64)
     extra = total - minimum * parts
-    if extra < 0:
+    if extra < 0 or parts == 0:
         raise ValueError(f"cannot split {total} into {parts} parts of at least {minimum}")
     weights = 0.5 + torch.rand(parts, generator=generator, dtype=torch.float64)  # U(0.5, 1.5)
     share = torch.floor(extra * weights / weights.sum()).to(torch.int64)
@@ -156,6 +156,8 @@ def _token_features(N: int, n_real: int, g: torch.Generator) -> dict[str, torch.
     n_chains = min(4, max(1, n_real // 16))
     if n_chains >= 2:
         dimer_len = n_real // n_chains
+        if n_chains == 2 and n_real % 2:  # two equal copies cannot cover an odd count
+            n_chains = 3
         rest = spread_counts(n_real - 2 * dimer_len, n_chains - 2, 1, g).tolist()
         lengths = [dimer_len, dimer_len] + rest
         entities = [0, 0] + list(range(1, n_chains - 1))
