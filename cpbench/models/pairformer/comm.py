@@ -32,6 +32,9 @@ class ByteCounter:
 
 
 BYTES = ByteCounter()
+# The *_single names replace the *_tensor ones in recent torch; same semantics.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -39,16 +42,17 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def gather_into(out: torch.Tensor, x: torch.Tensor, layout: Layout) -> torch.Tensor:
-    """Raw all-gather along dim 0: ``out: [P*n, ...]`` <- every rank's ``x: [n, ...]``."""
-    dist.all_gather_into_tensor(out, x.contiguous(), group=layout.group)
+    """Raw all-gather along dim 0: ``out: [P*n, ...]`` (or ``[P, n, ...]``) <- every rank's
+    ``x: [n, ...]``."""
+    _all_gather(out.view(-1, *x.shape[1:]), x.contiguous(), group=layout.group)
     BYTES.add((layout.size - 1) * _nbytes(x))
     return out
 
 
 def reduce_scatter_into(out: torch.Tensor, y: torch.Tensor, layout: Layout) -> torch.Tensor:
-    """Raw reduce-scatter (sum) along dim 0: ``out: [n, ...]`` <- sum over ranks of
-    ``y: [P*n, ...]``'s block of this rank."""
-    dist.reduce_scatter_tensor(out, y.contiguous(), group=layout.group)
+    """Raw reduce-scatter (sum) along dim 0: ``out: [n, ...]`` <- sum over ranks of this
+    rank's block of ``y: [P*n, ...]`` (or ``[P, n, ...]``)."""
+    _reduce_scatter(out, y.contiguous().view(-1, *out.shape[1:]), group=layout.group)
     BYTES.add((layout.size - 1) * _nbytes(y) / layout.size)
     return out
 

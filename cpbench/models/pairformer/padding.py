@@ -1,5 +1,8 @@
 """Padding and masks: N is padded to a multiple of the CP size; padded tokens are masked.
 
+The features themselves are padded by ``cpbench.data.sharding.pad_features`` (with
+``token_multiple=padding_unit(...)``); this module owns what the trunk derives from the mask.
+
 The pair mask is the outer product of the token mask (as in AF3 / Boltz-2), so the only mask
 an op needs is the global token mask ``[N_pad]`` (O(N), replicated on every rank).
 """
@@ -19,19 +22,6 @@ def padding_unit(cp: int, device: torch.device) -> int:
     """Tokens are padded to a multiple of this: the CP size, and on CUDA also 16, since the
     fused attention kernels pad a misaligned bias (a copy of the whole N x N x heads bias)."""
     return math.lcm(cp, 16) if device.type == "cuda" else cp
-
-
-def padded_size(n: int, unit: int) -> int:
-    return -(-n // unit) * unit
-
-
-def pad_tokens(x: torch.Tensor, n_pad: int, value: float | int | bool = 0) -> torch.Tensor:
-    """Pad dim 0 of ``x`` (``[N, ...]``) to ``n_pad`` with ``value``."""
-    extra = n_pad - x.shape[0]
-    if extra == 0:
-        return x
-    fill = torch.full((extra, *x.shape[1:]), value, dtype=x.dtype, device=x.device)
-    return torch.cat([x, fill])
 
 
 def key_bias(token_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

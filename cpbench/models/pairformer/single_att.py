@@ -31,7 +31,10 @@ class AttentionPairBias(nn.Module):
         self.norm_s = nn.LayerNorm(c_s)
         self.q = nn.Linear(c_s, c_s)
         self.kvg = nn.Linear(c_s, 3 * c_s, bias=False)
-        self.norm_z = nn.LayerNorm(c_z)
+        # No LayerNorm offset: it would add a per-head constant to every logit of a row, which the
+        # softmax cancels, so its gradient is exactly zero and AdamW would random-walk it on
+        # rounding noise (Boltz-2 keeps that dead parameter).
+        self.norm_z = nn.LayerNorm(c_z, bias=False)
         self.bias_proj = nn.Linear(c_z, heads, bias=False)
         self.out = nn.Linear(c_s, c_s, bias=False)
 

@@ -1,0 +1,134 @@
+"""The benchmark adapter of the reference trunk (protocol: ``cpbench/models/api.py``).
+
+Example::
+
+    adapter = PairformerAdapter(c_s=32, c_z=16, blocks=2, heads_single=4, heads_tri=2,
+                                head_dim_tri=8, transition_factor=4, dtype="fp32")
+    model = adapter.build_model(mesh, device)          # same global weights at every cp
+    batch = adapter.build_batch(N, n_atoms, S, mesh, device)
+    loss = adapter.run_step(model, batch, train=True)  # global loss, same on every rank
+
+Weights are created on the CPU from torch's global RNG (the harness seeds it identically on
+every rank), so every rank and every cp builds the same global weights; the features are global
+and O(N) (each rank keeps them whole: the pair init is computed for its own rows only).
+Training: AdamW, parameter gradients all-reduced (summed) over the CP group in one flat buffer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from cpbench.data.sharding import pad_features
+from cpbench.data.synthetic import make_synthetic_features
+from cpbench.models.pairformer import comm
+from cpbench.models.pairformer.layout import Layout, layout_from_mesh
+from cpbench.models.pairformer.padding import padding_unit
+from cpbench.models.pairformer.trunk import PairformerTrunk, now_s
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+
+
+def trunk_loss(s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """This rank's share of the global loss ``mean(z²) + mean(s²)`` over real pairs / tokens.
+
+    Args: ``s: [N/P, c_s]``, ``z: [N/P, N, c_z]``, ``token_mask: [N]``.
+    Returns: fp32 scalar; the sum over ranks is the global loss.
+    """
+    rows = layout.rows(token_mask.shape[0])
+    m = token_mask.to(torch.float32)
+    n_real = m.sum()
+    pair_sq = z.square().sum(-1, dtype=torch.float32)  # [N/P, N]
+    z_term = (pair_sq * m[rows, None] * m[None, :]).sum() / (n_real * n_real * z.shape[-1])
+    s_term = (s.square().sum(-1, dtype=torch.float32) * m[rows]).sum() / (n_real * s.shape[-1])
+    return z_term + s_term
+
+
+def all_reduce_grads(model: nn.Module, layout: Layout) -> None:
+    """Sum parameter gradients over the CP group (one flat all-reduce)."""
+    if not layout.sharded:
+        return
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    comm.all_reduce_(flat, layout)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+class PairformerAdapter:
+    """Hydra target of ``model=pairformer|boltz2|af3|tiny`` (``conf/model/``)."""
+
+    def __init__(self, c_s: int = 384, c_z: int = 128, blocks: int = 64, heads_single: int = 16,
+                 heads_tri: int = 4, head_dim_tri: int = 32, transition_factor: int = 4,
+                 dtype: str = "bf16", recycles: int = 0, checkpointing: bool = False, lr: float = 1e-4) -> None:
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype={dtype!r}: allowed {sorted(DTYPES)}")
+        self.sizes = dict(c_s=c_s, c_z=c_z, blocks=blocks, heads_single=heads_single, heads_tri=heads_tri,
+                          head_dim_tri=head_dim_tri, transition_factor=transition_factor)
+        self.dtype = DTYPES[dtype]
+        self.recycles, self.checkpointing, self.lr = int(recycles), bool(checkpointing), float(lr)
+        self._stats: dict[str, Any] = {}
+
+    def build_model(self, mesh: Any, device: torch.device) -> nn.Module:
+        """The trunk with the same global weights at any cp, in the compute dtype on ``device``."""
+        model = PairformerTrunk(**self.sizes).to(device=device, dtype=self.dtype)
+        model.layout = layout_from_mesh(mesh)
+        model.optimizer = None  # created at the first training step (AdamW states count in its peak)
+        return model
+
+    def build_batch(self, N: int, n_atoms: int, S: int, mesh: Any, device: torch.device) -> dict[str, torch.Tensor]:
+        """Global synthetic features, padded to a multiple of the CP size (``padding.padding_unit``)."""
+        layout = layout_from_mesh(mesh)
+        generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,))))
+        feats = make_synthetic_features(N, n_atoms, S, generator)
+        padded, _ = pad_features(feats, units=layout.size, token_multiple=padding_unit(layout.size, torch.device(device)))
+        return {k: v.to(device) for k, v in padded.items()}
+
+    def run_step(self, model: nn.Module, batch: dict[str, torch.Tensor], train: bool,
+                 run_blocks: int | None = None) -> torch.Tensor | None:
+        """Inference: recycles + 1 trunk passes without autograd. Training: forward, backward,
+        gradient all-reduce and an AdamW step; returns the global loss (same on every rank)."""
+        layout: Layout = model.layout
+        comm.BYTES.reset()
+        start_s = now_s(batch["token_mask"])
+        if not train:
+            with torch.no_grad():
+                model(batch, layout, recycles=self.recycles, run_blocks=run_blocks)
+            self._record(model, start_s, now_s(batch["token_mask"]), None)
+            return None
+        if model.optimizer is None:
+            model.optimizer = torch.optim.AdamW(model.parameters(), lr=self.lr)
+        model.optimizer.zero_grad(set_to_none=True)
+        s, z = model(batch, layout, recycles=self.recycles, run_blocks=run_blocks, checkpointing=self.checkpointing)
+        local_loss = trunk_loss(s, z, batch["token_mask"], layout)
+        forward_end_s = now_s(z)
+        del s, z
+        local_loss.backward()
+        all_reduce_grads(model, layout)
+        model.optimizer.step()
+        loss = comm.all_reduce_(local_loss.detach().clone(), layout)
+        self._record(model, start_s, forward_end_s, now_s(loss))
+        return loss
+
+    def _record(self, model: PairformerTrunk, start_s: float, forward_end_s: float, end_s: float | None) -> None:
+        stage_ms = {"forward": (forward_end_s - start_s) * 1e3}
+        if end_s is not None:
+            stage_ms["backward_optimizer"] = (end_s - forward_end_s) * 1e3
+        if model.block_ms:
+            stage_ms["block_mean"] = sum(model.block_ms) / len(model.block_ms)
+        self._stats = {
+            "stage_ms": stage_ms,
+            "comm_bytes_per_block": max(model.block_comm_bytes, default=0),
+            "comm_bytes_step": comm.BYTES.sent_b,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """Measurements of the last step: ``stage_ms`` (forward, backward_optimizer, block_mean),
+        ``comm_bytes_per_block`` (bytes this rank sent in one block's forward) and
+        ``comm_bytes_step`` (the whole step, backward and gradient all-reduce included)."""
+        return dict(self._stats)
+

@@ -1,0 +1,96 @@
+"""The Pairformer trunk: input embedding, recycling, ``blocks`` Pairformer blocks (AF3 Alg. 1).
+
+Per rank (layout ``layout.py``): ``s: [N/P, c_s]``, ``z: [N/P, N, c_z]`` in the weights' dtype.
+Recycling (AF3): ``s = s_init + W LN(s_prev)``, ``z = z_init + W LN(z_prev)``; only the last
+cycle records autograd. Without autograd the pair init is recomputed row chunk by row chunk into
+the one pair buffer (no separate ``z_init`` lives beside ``z``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from cpbench.models.pairformer import chunking, comm
+from cpbench.models.pairformer.block import PairformerBlock
+from cpbench.models.pairformer.embed import InputEmbedder
+from cpbench.models.pairformer.layout import Layout
+
+
+class PairformerTrunk(nn.Module):
+    """``forward(feats, layout, recycles, run_blocks, checkpointing) -> (s, z)``.
+
+    After each forward, ``block_comm_bytes`` (bytes this rank sent in each block's forward)
+    and ``block_ms`` (each block's forward time; synchronised on CUDA) describe the last cycle.
+    """
+
+    def __init__(self, c_s: int, c_z: int, blocks: int, heads_single: int, heads_tri: int,
+                 head_dim_tri: int, transition_factor: int) -> None:
+        super().__init__()
+        self.embedder = InputEmbedder(c_s, c_z)
+        self.recycle_norm_s = nn.LayerNorm(c_s)
+        self.recycle_s = nn.Linear(c_s, c_s, bias=False)
+        self.recycle_norm_z = nn.LayerNorm(c_z)
+        self.recycle_z = nn.Linear(c_z, c_z, bias=False)
+        self.blocks = nn.ModuleList(
+            PairformerBlock(c_s, c_z, heads_single, heads_tri, head_dim_tri, transition_factor) for _ in range(blocks))
+        self.block_comm_bytes: list[int] = []
+        self.block_ms: list[float] = []
+
+    def _recycle(self, s_inputs: torch.Tensor, feats: dict, rows: slice, s: torch.Tensor,
+                 z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(s_init + W LN(s), z_init + W LN(z))``; in place into ``z`` without autograd."""
+        emb = self.embedder
+        s = emb.single_init_rows(s_inputs, rows) + self.recycle_s(self.recycle_norm_s(s))
+        if torch.is_grad_enabled():
+            return s, emb.pair_init_rows(s_inputs, feats, rows) + self.recycle_z(self.recycle_norm_z(z))
+        n_local, n_pad, c_z = z.shape
+        rc = chunking.rows_per_chunk(n_local, n_pad * 6 * c_z * z.element_size(), chunking.budget_bytes(z))
+        for rs in chunking.slices(n_local, rc):
+            global_rows = slice(rows.start + rs.start, rows.start + rs.stop)
+            z[rs] = emb.pair_init_rows(s_inputs, feats, global_rows) + self.recycle_z(self.recycle_norm_z(z[rs]))
+        return s, z
+
+    def forward(self, feats: dict[str, torch.Tensor], layout: Layout, recycles: int = 0,
+                run_blocks: int | None = None, checkpointing: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Args:
+            feats: global padded token features (``embed.InputEmbedder``), ``token_mask [N]``.
+            recycles: extra trunk passes before the last (no autograd).
+            run_blocks: run only the first ``run_blocks`` blocks (all weights stay allocated).
+            checkpointing: per-block activation checkpointing (autograd only).
+        Returns:
+            ``s: [N/P, c_s]``, ``z: [N/P, N, c_z]``.
+        """
+        token_mask = feats["token_mask"]
+        n_pad = token_mask.shape[0]
+        rows = layout.rows(n_pad)
+        dtype = self.recycle_z.weight.dtype
+        grad = torch.is_grad_enabled()
+        s_inputs = self.embedder.single_inputs(feats)
+        s = s_inputs.new_zeros((rows.stop - rows.start, s_inputs.shape[1]))
+        z = s_inputs.new_zeros((rows.stop - rows.start, n_pad, self.recycle_z.in_features), dtype=dtype)
+        blocks = self.blocks[:run_blocks] if run_blocks is not None else self.blocks
+        for cycle in range(recycles + 1):
+            last = cycle == recycles
+            with torch.set_grad_enabled(grad and last):
+                s, z = self._recycle(s_inputs, feats, rows, s.detach(), z.detach() if grad else z)
+                self.block_comm_bytes, self.block_ms = [], []
+                for block in blocks:
+                    sent_b, start_s = comm.BYTES.sent_b, now_s(z)
+                    if checkpointing and torch.is_grad_enabled():
+                        s, z = checkpoint(block, s, z, token_mask, layout, use_reentrant=False)
+                    else:
+                        s, z = block(s, z, token_mask, layout)
+                    self.block_comm_bytes.append(comm.BYTES.sent_b - sent_b)
+                    self.block_ms.append((now_s(z) - start_s) * 1e3)
+        return s, z
+
+
+def now_s(like: torch.Tensor) -> float:
+    """Wall clock in seconds, after the work queued on ``like``'s device (CUDA) has finished."""
+    if like.is_cuda:
+        torch.cuda.synchronize(like.device)
+    return time.perf_counter()
