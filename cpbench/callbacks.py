@@ -82,6 +82,12 @@ class CpbenchCallback(Callback):
         except ImportError:
             log.warning("cpbench: no report module; the results are in %s", sweep_dir)
             return
+        if not any(sweep_dir.rglob("result.json")):
+            # hydra.launcher.wait=false: the jobs are still queued; an empty report would
+            # overwrite report.out with nothing.
+            log.info("cpbench: no result.json under %s yet; build the report later with "
+                     "python -m cpbench.report %s", sweep_dir, sweep_dir)
+            return
         out = OmegaConf.select(config, "report.out")
         if out:
             launch_dir = Path(OmegaConf.select(config, "hydra.runtime.cwd") or os.getcwd())
