@@ -13,9 +13,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from cpbench.config import CONF_DIR, Point, resolve_point
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))  # tests.adapters, for config validation in this process
 
 # The acceptance multirun of issue 2: 8 timing points of the tiny reference trunk on CPU.
 TIMING_MULTIRUN_ARGS = ["-m", "workflow=inference,training", "cp=1,2", "N=32,48", "model=tiny", "device=cpu",
@@ -26,6 +32,19 @@ def run_cpbench(args: list[str], cwd: Path, timeout_s: float = 300) -> subproces
     """``python -m cpbench ARGS`` in ``cwd`` (outputs and report land there)."""
     return subprocess.run([sys.executable, "-m", "cpbench", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout_s, env=os.environ.copy())
+
+
+def compose_cfg(*overrides: str):
+    """The job config ``python -m cpbench OVERRIDES`` would see (without the hydra node)."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides))
+    OmegaConf.set_struct(cfg, False)
+    cfg.pop("hydra", None)
+    return cfg
+
+
+def compose_point(*overrides: str) -> Point:
+    return resolve_point(compose_cfg(*overrides))
 
 
 def fault_model(fault: str, threshold_n: int = 48) -> list[str]:

@@ -3,19 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+from conftest import compose_cfg, fault_model, run_cpbench
 
-from cpbench.config import CONF_DIR, ConfigError, check_group_choices, resolve_point, weak_n
-from conftest import fault_model, run_cpbench
-
-
-def compose_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(overrides))
-    OmegaConf.set_struct(cfg, False)
-    cfg.pop("hydra", None)
-    return cfg
+from cpbench.config import ConfigError, check_group_choices, resolve_point, weak_n
 
 
 def test_cpu_auto_values_follow_the_config_comments():
