@@ -28,8 +28,10 @@ from cpbench.launcher.slurm_state import CAUSE_OF_STATE, STATUS_OF_STATE, SlurmS
 
 log = logging.getLogger("cpbench")
 
-# After SLURM says a job ended, how long its result pickle may take to appear (shared file systems).
+# After SLURM says a job ended on its own, how long its result pickle may take to appear
+# (shared file systems). A job SLURM killed (TIMEOUT, CANCELLED, ...) wrote none: no wait.
 RESULT_GRACE_S = 15.0
+ENDED_ON_ITS_OWN = frozenset({"COMPLETED", "FAILED"})
 
 
 @dataclass
@@ -137,17 +139,25 @@ def collect(submitted: list[Submitted], poll_s: float, gpus_per_node: int, total
                 returns[idx] = _from_pickle(s, state, gpus_per_node)
             elif state is not None and (state.terminal or state.state == "GONE"):
                 first = ended_at.setdefault(idx, time.monotonic())
-                if time.monotonic() - first < RESULT_GRACE_S:
+                if state.state in ENDED_ON_ITS_OWN and time.monotonic() - first < RESULT_GRACE_S:
                     continue
                 returns[idx] = _failure(s, state, gpus_per_node, "")
             else:
                 continue
             done += 1
             del pending[idx]
-            log.info("cpbench: [%d/%d] SLURM job %s done: %s", done, total, s.job_id, returns[idx].return_value)
+            record = _fresh_record(s)
+            log.info("cpbench: [%d/%d] SLURM job %s done: %s", done, total, s.job_id,
+                     _one_line(record) if record else returns[idx].return_value)
         if pending:
             time.sleep(poll_s)
     return returns
+
+
+def _one_line(record: dict) -> str:
+    from cpbench.job import one_line
+
+    return one_line(record)
 
 
 def _from_pickle(s: Submitted, state: SlurmState | None, gpus_per_node: int) -> JobReturn:

@@ -93,7 +93,13 @@ class GroupedSlurmLauncher(BaseSubmititLauncher):
         assert self.config is not None and self.hydra_context is not None
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        planned = [self._plan(list(o), initial_job_idx + i) for i, o in enumerate(job_overrides)]
+        try:
+            self._check_params()
+            planned = [self._plan(list(o), initial_job_idx + i) for i, o in enumerate(job_overrides)]
+        except LauncherConfigError as exc:
+            # One line, before anything is submitted (SystemExit passes Hydra's error report).
+            print(f"cpbench: error: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
 
         returns: dict[int, JobReturn] = {}
         to_submit = []
@@ -117,6 +123,16 @@ class GroupedSlurmLauncher(BaseSubmititLauncher):
                                            gpus_per_node=self._gpus_per_node(),
                                            total=len(planned)))
         return [returns[job.idx] for job in planned]
+
+    def _check_params(self) -> None:
+        self._gpus_per_node()
+        for key in DERIVED_KEYS:
+            if self.params.get(key) not in (None, 1):
+                raise LauncherConfigError(
+                    f"hydra.launcher.{key}={self.params[key]}: derived from cp (one task per rank); set "
+                    "hydra.launcher.gpus_per_node (ranks per node) instead")
+        if self.params.get("use_srun") is False:
+            raise LauncherConfigError("hydra.launcher.use_srun=false: each rank is one srun task; leave it true")
 
     def _gpus_per_node(self) -> int:
         value = self.params.get("gpus_per_node")
@@ -151,12 +167,7 @@ class GroupedSlurmLauncher(BaseSubmititLauncher):
         import submitit
 
         params = dict(self.params)
-        for key in DERIVED_KEYS:
-            if params.pop(key, None) not in (None, 1):
-                raise LauncherConfigError(
-                    f"hydra.launcher.{key}: derived from cp (one task per rank); set "
-                    "hydra.launcher.gpus_per_node (ranks per node) instead")
-        for key in OWN_KEYS:
+        for key in DERIVED_KEYS + OWN_KEYS:
             params.pop(key, None)
         folder = params.pop("submitit_folder")
         executor = submitit.AutoExecutor(cluster="slurm", folder=folder,
