@@ -51,11 +51,14 @@ def test_heavy_atom_table_is_free_residue_less_its_leaving_atom(residue):
     assert HEAVY_ATOMS[residue] == mol.GetNumHeavyAtoms() - 1
 
 
-def test_pdb_file_gives_the_same_sizes_as_its_mmcif(tmp_path):
-    st = gemmi.read_structure(str(SHIPPED_INPUTS / "ubiquitin_fragment.cif"))
+def test_pdb_and_gzipped_mmcif_give_the_same_sizes_as_the_mmcif(tmp_path):
+    cif = SHIPPED_INPUTS / "ubiquitin_fragment.cif"
     pdb = tmp_path / "fragment.pdb"
-    pdb.write_text(st.make_pdb_string())
+    pdb.write_text(gemmi.read_structure(str(cif)).make_pdb_string())
     assert resolve_input_sizes({"inputs": str(pdb)}) == InputSizes("fragment.pdb", 9, 31, 1)
+    gz = tmp_path / "fragment.cif.gz"
+    gz.write_bytes(__import__("gzip").compress(cif.read_bytes()))
+    assert resolve_input_sizes({"inputs": str(gz)}) == InputSizes("fragment.cif.gz", 9, 31, 1)
 
 
 def test_boltz_yaml_counts_copies_msa_modified_residue_and_ccd_ligand(tmp_path):
