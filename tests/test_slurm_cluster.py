@@ -1,0 +1,184 @@
+"""``hydra/launcher=slurm`` on a real SLURM cluster (CPU, gloo, one task per rank).
+
+CI starts a one-node cluster with ``.ci/slurm_up.sh`` first; without a cluster answering
+``sinfo`` these tests are skipped. They run the test adapter (``tests/adapters/faults.py``),
+so their time is SLURM's and the workers' start-up, not the model's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import fault_model
+
+pytestmark = pytest.mark.slurm
+
+LAUNCHER = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launcher.poll_s=1",
+            "hydra.launcher.timeout_min=10", "hydra.launcher.cpus_per_task=1", "device=cpu"]
+
+
+def _cluster_reason() -> str | None:
+    if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
+        return "no SLURM client (sinfo/sbatch) here: run .ci/slurm_up.sh as root to start a one-node cluster"
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"sinfo does not answer ({exc}): run .ci/slurm_up.sh"
+    states = out.stdout.split()
+    if out.returncode != 0 or not any(s.startswith(("idle", "mix", "alloc")) for s in states):
+        return f"no usable SLURM node (sinfo: {out.stdout.strip() or out.stderr.strip()}): run .ci/slurm_up.sh"
+    return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cluster():
+    reason = _cluster_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+def _cpbench(args: list[str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "cpbench", "-m", *LAUNCHER, *args], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ.copy())
+
+
+def _finish(proc: subprocess.Popen, timeout_s: float = 150) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"the controller did not finish in {timeout_s} s:\n{out[-4000:]}")
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def _wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def _manifest_job_id(sweep_dir: Path) -> str | None:
+    try:
+        return json.loads((sweep_dir / "slurm_jobs.json").read_text())["jobs"][0]["slurm_job_id"]
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+
+
+def _job_state(job_id: str) -> str:
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
+    m = re.search(r"JobState=(\S+)", out.stdout)
+    return m.group(1) if m else ""
+
+
+def _release_requeued(job_id: str) -> bool:
+    """SLURM holds a requeued job for about two minutes (BeginTime): start it now. True once it runs."""
+    state = _job_state(job_id)
+    if state == "PENDING":
+        subprocess.run(["scontrol", "update", f"jobid={job_id}", "starttime=now"], capture_output=True, timeout=30)
+    return state in ("RUNNING", "COMPLETED")
+
+
+def _result(sweep_dir: Path, num: int) -> dict:
+    return json.loads((sweep_dir / str(num) / "result.json").read_text())
+
+
+def test_slurm_multirun_cp_1_2_writes_a_result_per_point_and_the_report(tmp_path):
+    sweep_dir, report_out = tmp_path / "sweep", tmp_path / "docs" / "cp_benchmark.md"
+    out = _finish(_cpbench(["cp=1,2", "routine=timing", "N=32", *fault_model("none"),
+                            f"hydra.sweep.dir={sweep_dir}", f"report.out={report_out}"], tmp_path))
+
+    records = [_result(sweep_dir, num) for num in (0, 1)]
+    assert [r["status"] for r in records] == ["ok", "ok"], [r.get("message") for r in records]
+    assert [r["point"]["cp"] for r in records] == [1, 2]
+    # cp=2 ran as two SLURM tasks (two supervisors over gloo), each rank measured.
+    assert len(records[1]["peak_alloc_gib_per_rank"]) == 2
+    assert len(records[1]["times_ms"]) == 5
+
+    manifest = json.loads((sweep_dir / "slurm_jobs.json").read_text())["jobs"]
+    assert [(j["cp"], j["nodes"], j["tasks_per_node"], j["gpus_per_node"]) for j in manifest] == [
+        (1, 1, 1, 0), (2, 1, 2, 0)]
+    script = (sweep_dir / ".submitit" / manifest[1]["slurm_job_id"] / f"{manifest[1]['slurm_job_id']}_submission.sh")
+    text = script.read_text()
+    assert "--ntasks-per-node=2" in text and "gpus" not in text
+    # Both tasks of the cp=2 job ran (submitit's per-task logs).
+    assert Path(manifest[1]["stdout"]).exists() and Path(manifest[1]["stdout"].replace("_0_log", "_1_log")).exists()
+
+    report = (sweep_dir / "cp_benchmark.md").read_text()
+    assert "1d cp=1" in report and "1d cp=2" in report
+    assert report_out.exists()
+    assert "[2/2] SLURM job" in out
+
+
+def test_slurm_requeued_probe_continues_from_its_saved_points(tmp_path):
+    """scontrol requeue kills the running probe; the requeued job measures only what is left."""
+    sweep_dir = tmp_path / "sweep"
+    # Rank 1 exits above N=40: from 16 the probe measures 16, 32 (fit), 64, 48 (fail).
+    proc = _cpbench(["cp=2", "routine=probe", "probe.start=16", "probe.granularity=16", "probe.timeout_s=60",
+                     *fault_model("exit", threshold_n=40), f"hydra.sweep.dir={sweep_dir}", "report.out=null"],
+                    tmp_path)
+    try:
+        job_id = _wait_for(lambda: _manifest_job_id(sweep_dir), 60, "the submission")
+        state_path = sweep_dir / "0" / "probe_state.json"
+
+        def first_point():
+            try:
+                return json.loads(state_path.read_text())["points"]
+            except (OSError, ValueError, KeyError):
+                return None
+
+        before = _wait_for(first_point, 90, "the first probe point")
+        subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=30)
+        _wait_for(lambda: _release_requeued(job_id), 60, "the requeued job to run again")
+    except BaseException:
+        proc.kill()
+        raise
+    _finish(proc)
+
+    record = _result(sweep_dir, 0)
+    points = {p["N"]: p for p in record["points"]}
+    assert record["status"] == "ok", record["message"]
+    assert {n: p["fits"] for n, p in points.items()} == {16: True, 32: True, 64: False, 48: False}
+    assert (record["max_n"], record["first_fail_n"]) == (32, 48)
+    # The points measured before the requeue were kept, not measured again.
+    for p in before:
+        assert points[p["N"]]["seconds"] == p["seconds"]
+    # It really ran twice: submitit's log of task 0 has two starts.
+    log = (sweep_dir / ".submitit" / job_id / f"{job_id}_0_log.out").read_text()
+    assert log.count("Starting with JobEnvironment") == 2, log[-2000:]
+
+
+def test_slurm_cancelled_job_becomes_a_result_row_and_the_sweep_completes(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    # Rank 1 hangs at every N: the job runs until SLURM ends it.
+    proc = _cpbench(["cp=2", "routine=timing", "N=32", "timing.timeout_s=600", *fault_model("hang", threshold_n=0),
+                     f"hydra.sweep.dir={sweep_dir}", f"report.out={tmp_path / 'report.md'}"], tmp_path)
+    try:
+        job_id = _wait_for(lambda: _manifest_job_id(sweep_dir), 60, "the submission")
+        _wait_for(lambda: _job_state(job_id) == "RUNNING", 60, "the job to run")
+        subprocess.run(["scancel", job_id], check=True, timeout=30)
+    except BaseException:
+        proc.kill()
+        raise
+    _finish(proc)
+
+    record = _result(sweep_dir, 0)
+    assert record["status"] == "error"
+    assert record["slurm"]["state"] == "CANCELLED" and record["slurm"]["job_id"] == job_id
+    assert f"SLURM job {job_id} CANCELLED" in record["message"]
+    assert record["point"]["cp"] == 2 and record["signature"] is None  # resume=true runs it again
+    assert "1d cp=2" in (sweep_dir / "cp_benchmark.md").read_text()
