@@ -99,8 +99,9 @@ def _result(sweep_dir: Path, num: int) -> dict:
 
 def test_slurm_multirun_cp_1_2_writes_a_result_per_point_and_the_report(tmp_path):
     sweep_dir, report_out = tmp_path / "sweep", tmp_path / "docs" / "cp_benchmark.md"
-    out = _finish(_cpbench(["cp=1,2", "routine=timing", "N=32", *fault_model("none"),
-                            f"hydra.sweep.dir={sweep_dir}", f"report.out={report_out}"], tmp_path))
+    args = ["cp=1,2", "routine=timing", "N=32", *fault_model("none"), f"hydra.sweep.dir={sweep_dir}",
+            f"report.out={report_out}"]
+    out = _finish(_cpbench(args, tmp_path))
 
     records = [_result(sweep_dir, num) for num in (0, 1)]
     assert [r["status"] for r in records] == ["ok", "ok"], [r.get("message") for r in records]
@@ -122,6 +123,16 @@ def test_slurm_multirun_cp_1_2_writes_a_result_per_point_and_the_report(tmp_path
     assert "1d cp=1" in report and "1d cp=2" in report
     assert report_out.exists()
     assert "[2/2] SLURM job" in out
+
+    # Re-submitting with resume=true runs only the missing point.
+    kept = (sweep_dir / "1" / "result.json").read_text()
+    (sweep_dir / "0" / "result.json").unlink()
+    out = _finish(_cpbench([*args, "resume=true"], tmp_path))
+    manifest_again = json.loads((sweep_dir / "slurm_jobs.json").read_text())["jobs"]
+    assert "submitting 1 SLURM job(s)" in out, out[-3000:]
+    assert manifest_again[1] == manifest[1] and manifest_again[0]["slurm_job_id"] != manifest[0]["slurm_job_id"]
+    assert (sweep_dir / "1" / "result.json").read_text() == kept
+    assert _result(sweep_dir, 0)["status"] == "ok"
 
 
 def test_slurm_requeued_probe_continues_from_its_saved_points(tmp_path):
