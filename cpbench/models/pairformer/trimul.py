@@ -23,8 +23,8 @@ def _gathered_product_into(out: torch.Tensor, left: torch.Tensor, right: torch.T
     """1d triangle product: ``out[c, i, j] = sum_k left[c, i, k] right_all[c, j, k]``.
 
     ``right`` rows are all-gathered in chunks of ``jc`` local rows (one all-gather per chunk,
-    ``(P-1)·c·jc·N`` bytes each); a chunk brings rows ``{r·n + j0..j1}`` of every rank ``r``,
-    i.e. a strided set of output columns.
+    ``(P-1)·c·jc·N`` elements sent); a chunk brings rows ``{r·n + j0..j1}`` of every rank ``r``,
+    i.e. output columns ``j0..j1`` of each rank's column block.
 
     Args:
         out: ``[c, N/P, N]`` written in place.
@@ -33,15 +33,13 @@ def _gathered_product_into(out: torch.Tensor, left: torch.Tensor, right: torch.T
     """
     p, (c, n_local, n_pad) = layout.size, left.shape
     out_cols = out.view(c, n_local, p, n_local)
-    per_row_b = (p * c * n_pad + p * c * n_local) * left.element_size()
+    per_row_b = (p * c * n_pad + c * n_local) * left.element_size()
     jc = chunking.rows_per_chunk(n_local, per_row_b, chunking.budget_bytes(left) // 2)
     for js in chunking.slices(n_local, jc):
-        width = js.stop - js.start
-        gathered = left.new_empty((p, c, width, n_pad))
+        gathered = left.new_empty((p, c, js.stop - js.start, n_pad))
         comm.gather_into(gathered, right[:, js].contiguous(), layout)
-        gathered = gathered.transpose(0, 1).reshape(c, p * width, n_pad)
-        prod = torch.matmul(left, gathered.transpose(1, 2))  # [c, N/P, P*width]
-        out_cols[..., js].copy_(prod.view(c, n_local, p, width))
+        for r in range(p):  # one matmul per source rank: no copy of the gathered chunk
+            out_cols[:, :, r, js] = torch.matmul(left, gathered[r].transpose(1, 2))
 
 
 class _GatheredProduct(torch.autograd.Function):
@@ -70,11 +68,13 @@ class _GatheredProduct(torch.autograd.Function):
             width = js.stop - js.start
             gathered = left.new_empty((p, c, width, n_pad))
             comm.gather_into(gathered, right[:, js].contiguous(), layout)
-            gathered = gathered.transpose(0, 1).reshape(c, p * width, n_pad)
-            g = grad_cols[..., js].reshape(c, n_local, p * width)
-            grad_left += torch.matmul(g, gathered)
-            # d right rows of every rank, summed over ranks: [c, P*width, N] -> [P, c, width, N]
-            partial = torch.matmul(g.transpose(1, 2), left).view(c, p, width, n_pad).transpose(0, 1)
+            # partial[r]: gradient of rank r's rows js of `right` from this rank's output columns
+            partial = torch.empty_like(gathered)
+            for r in range(p):
+                g = grad_cols[:, :, r, js]  # [c, N/P, width]
+                grad_left.baddbmm_(g, gathered[r])
+                torch.matmul(g.transpose(1, 2), left, out=partial[r])
+            del gathered
             mine = left.new_empty((1, c, width, n_pad))
             comm.reduce_scatter_into(mine, partial, layout)
             grad_right[:, js] = mine[0]
