@@ -58,7 +58,8 @@ class AttentionPairBias(nn.Module):
         k = comm.all_gather_rows(k.contiguous(), layout)  # [N, c_s]
         v = comm.all_gather_rows(v.contiguous(), layout)
         n_pad = k.shape[0]
-        bias = self._pair_bias(z).permute(2, 0, 1) + key_bias(token_mask, z.dtype)  # [h, N/P, N]
+        # contiguous: unit last-dim stride for CUDA's memory-efficient SDPA (see triatt._bias)
+        bias = (self._pair_bias(z).permute(2, 0, 1) + key_bias(token_mask, z.dtype)).contiguous()  # [h, N/P, N]
         o = F.scaled_dot_product_attention(
             q.view(n_local, h, d).transpose(0, 1).unsqueeze(0),
             k.view(n_pad, h, d).transpose(0, 1).unsqueeze(0),

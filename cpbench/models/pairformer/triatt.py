@@ -47,7 +47,10 @@ class TriangleAttention(nn.Module):
             for rs in chunking.slices(n_local, rc):
                 local[rs] = self.bias_proj(self.norm(z[rs]))
         full = comm.all_gather_rows(local.contiguous(), layout)  # [N, N, heads]
-        return (full.permute(2, 0, 1) + key_bias(token_mask, z.dtype)).unsqueeze(0)
+        # contiguous: the permuted sum keeps a head stride of 1, and CUDA's memory-efficient SDPA
+        # needs a unit last-dim stride; otherwise it falls back to the math kernel, which
+        # materialises [rows, heads, N, N] logits (128 GiB at N=2048).
+        return (full.permute(2, 0, 1) + key_bias(token_mask, z.dtype)).contiguous().unsqueeze(0)
 
     def _attend(self, zn: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """Rows ``zn: [r, N, c_z]`` -> update ``[r, N, c_z]``."""
