@@ -1,0 +1,62 @@
+"""Per-stage wall times of one step (embedding, trunk, sampling): CUDA events on GPU,
+``time.perf_counter`` on CPU.
+
+On CUDA the stages are bracketed by events, so timing a stage does not stall the stream;
+``ms()`` synchronises once, at the end of the step. A stage may be entered many times (the
+embedding runs once per recycle); its time is the sum. Stages may nest: the adapter times
+``trunk`` around the whole trunk forward and subtracts the nested ``embedding``.
+
+Usage::
+
+    timer = StageTimer(device)
+    with timer.stage("trunk"):
+        ...
+    timer.ms()  # {"trunk": 12.3}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+from typing import Iterator
+
+import torch
+
+
+class StageTimer:
+    """Accumulates the time spent inside ``stage(name)`` blocks, per name."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self._cuda = self.device.type == "cuda"
+        self._spans: dict[str, list] = defaultdict(list)
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        if self._cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            try:
+                yield
+            finally:
+                end.record()
+                self._spans[name].append((start, end))
+        else:
+            start_s = time.perf_counter()
+            try:
+                yield
+            finally:
+                self._spans[name].append(time.perf_counter() - start_s)
+
+    def ms(self) -> dict[str, float]:
+        """Milliseconds per stage name (summed over its entries); synchronises on CUDA."""
+        if self._cuda:
+            torch.cuda.synchronize(self.device)
+            return {k: sum(a.elapsed_time(b) for a, b in v) for k, v in self._spans.items()}
+        return {k: sum(v) * 1e3 for k, v in self._spans.items()}
+
+
+def maybe_stage(timer: StageTimer | None, name: str) -> contextlib.AbstractContextManager:
+    """``timer.stage(name)``, or a no-op when there is no timer."""
+    return timer.stage(name) if timer is not None else contextlib.nullcontext()
