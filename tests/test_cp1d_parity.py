@@ -82,8 +82,9 @@ def _check_case(name: str, seed: int, errors: dict) -> None:
     real = slice(rows.start, rows.start + k)
     z_loc = z[rows, :n_pad].clone().requires_grad_()
     s_loc = s[rows].clone().requires_grad_()
-    s_out_l, z_out_l = wrap(mod)(s_loc, z_loc, mask[:n_pad], layout)
-    ((z_out_l[:k, :N] * wz[real, :N]).sum() + (s_out_l[:k] * ws[real]).sum()).backward()
+    with chunking.override_budget(LEAN_BUDGET_B):  # chunked autograd paths too
+        s_out_l, z_out_l = wrap(mod)(s_loc, z_loc, mask[:n_pad], layout)
+        ((z_out_l[:k, :N] * wz[real, :N]).sum() + (s_out_l[:k] * ws[real]).sum()).backward()
     all_reduce_grads(mod, layout)
 
     errors[f"{name}/z"] = _rel(z_out_l[:k, :N], z_out[real])
@@ -119,8 +120,9 @@ def _check_trunk_and_training(seed: int, errors: dict, losses: dict) -> None:
 
     s_ref, z_ref = ref(ref_batch, ref.layout, recycles=1)
     trunk_loss(s_ref, z_ref, ref_batch["token_mask"], ref.layout).backward()
-    s_cp, z_cp = mod(batch, layout, recycles=1, checkpointing=True)
-    trunk_loss(s_cp, z_cp, batch["token_mask"], layout).backward()
+    with chunking.override_budget(LEAN_BUDGET_B):
+        s_cp, z_cp = mod(batch, layout, recycles=1, checkpointing=True)
+        trunk_loss(s_cp, z_cp, batch["token_mask"], layout).backward()
     all_reduce_grads(mod, layout)
     errors["trunk/z"] = _rel(z_cp[:k, :N], z_ref[real])
     errors["trunk/s"] = _rel(s_cp[:k], s_ref[real])

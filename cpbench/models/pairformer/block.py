@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from cpbench.models.pairformer.comm import transpose_pair
 from cpbench.models.pairformer.layout import Layout
@@ -36,13 +37,20 @@ class PairformerBlock(nn.Module):
         self.attention = AttentionPairBias(c_s, c_z, heads_single)
         self.single_transition = Transition(c_s, transition_factor)
 
-    def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor,
-                layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
-        z = self.tri_mul_out(z, token_mask, layout)
-        z = self.tri_mul_in(transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
-        z = self.tri_att_start(transpose_pair(z, layout), token_mask, layout)  # on Z rows
-        z = self.tri_att_end(transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
-        z = transpose_pair(self.pair_transition(z), layout)  # back to Z rows
-        s = self.attention(s, z, token_mask, layout)
-        s = self.single_transition(s)
+    def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor, layout: Layout,
+                checkpoint_ops: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """``checkpoint_ops``: checkpoint each op (with autograd), so that the recompute of a
+        checkpointed block holds one op's activations at a time, not the whole block's."""
+        def run(op, *args):
+            if checkpoint_ops and torch.is_grad_enabled():
+                return checkpoint(op, *args, use_reentrant=False)
+            return op(*args)
+
+        z = run(self.tri_mul_out, z, token_mask, layout)
+        z = run(self.tri_mul_in, transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
+        z = run(self.tri_att_start, transpose_pair(z, layout), token_mask, layout)  # on Z rows
+        z = run(self.tri_att_end, transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
+        z = transpose_pair(run(self.pair_transition, z), layout)  # back to Z rows
+        s = run(self.attention, s, z, token_mask, layout)
+        s = run(self.single_transition, s)
         return s, z

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from cpbench.models.pairformer import chunking, comm
-from cpbench.models.pairformer.layout import Layout
+from cpbench.models.pairformer.cp2d import triangle_product_2d
+from cpbench.models.pairformer.layout import TWO_D, Layout
 from cpbench.models.pairformer.padding import pair_mask
 
 
@@ -93,6 +94,8 @@ def triangle_product(left: torch.Tensor, right: torch.Tensor, layout: Layout, ou
     """
     if not layout.sharded:
         return torch.matmul(left, right.transpose(1, 2), out=out) if out is not None else torch.matmul(left, right.transpose(1, 2))
+    if layout.kind == TWO_D:  # tiles [c, N/cp0, N/cp1]: generalised Cannon (cp2d.py)
+        return triangle_product_2d(left, right, layout, out)
     if torch.is_grad_enabled():
         return _GatheredProduct.apply(left, right, layout)
     out = out if out is not None else left.new_empty(left.shape)
@@ -139,8 +142,8 @@ class TriangleMultiplication(nn.Module):
     def forward(self, z: torch.Tensor, token_mask: torch.Tensor, layout: Layout) -> torch.Tensor:
         """Args: ``z: [N/P, N, c_z]``, ``token_mask: [N]`` bool. Returns ``[N/P, N, c_z]``."""
         n_local, n_pad, c_z = z.shape
-        rows = layout.rows(n_pad)
-        mask = pair_mask(token_mask, rows, z.dtype)
+        rows = layout.rows(token_mask.shape[0])
+        mask = pair_mask(token_mask, rows, z.dtype, layout.cols(token_mask.shape[0]))
         if torch.is_grad_enabled():
             zn = self.norm_in(z)
             left, right = self._operands(zn, mask, slice(0, c_z))
@@ -151,8 +154,8 @@ class TriangleMultiplication(nn.Module):
     def _forward_lean(self, z: torch.Tensor, mask: torch.Tensor, layout: Layout) -> torch.Tensor:
         n_local, n_pad, c_z = z.shape
         es = z.element_size()
-        budget_b = chunking.budget_bytes(z)
         x = z.new_empty((c_z, n_local, n_pad))
+        budget_b = chunking.budget_bytes(z)  # after x: on CUDA the budget is what is left free
         # Two operand chunks of ck channels live across the product; keep them within half the budget.
         ck = chunking.divisor_chunk(c_z, 2 * n_local * n_pad * es, budget_b // 2)
         rc = chunking.rows_per_chunk(n_local, n_pad * (2 * c_z + 8 * ck) * es, budget_b // 2)

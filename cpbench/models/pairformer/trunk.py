@@ -60,7 +60,9 @@ class PairformerTrunk(nn.Module):
             feats: global padded token features (``embed.InputEmbedder``), ``token_mask [N]``.
             recycles: extra trunk passes before the last (no autograd).
             run_blocks: run only the first ``run_blocks`` blocks (all weights stay allocated).
-            checkpointing: per-block activation checkpointing (autograd only).
+            checkpointing: activation checkpointing (autograd only): the block inputs are kept
+                (in the compute dtype), and each op is checkpointed inside the block's
+                recompute, so backward holds one op's activations at a time.
         Returns:
             ``s: [N/P, c_s]``, ``z: [N/P, N, c_z]``.
         """
@@ -81,7 +83,7 @@ class PairformerTrunk(nn.Module):
                 for block in blocks:
                     sent_b, start_s = comm.BYTES.sent_b, now_s(z)
                     if checkpointing and torch.is_grad_enabled():
-                        s, z = checkpoint(block, s, z, token_mask, layout, use_reentrant=False)
+                        s, z = checkpoint(block, s, z, token_mask, layout, True, use_reentrant=False)
                     else:
                         s, z = block(s, z, token_mask, layout)
                     self.block_comm_bytes.append(comm.BYTES.sent_b - sent_b)
