@@ -25,6 +25,8 @@ attention stay local: per-rank memory O(N_atoms/P · 32·128).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -40,6 +42,8 @@ NAME_LEN = 4  # characters per atom name (``ref_atom_name_chars: [A, 4]``)
 _OFF_ELEMENT = 5  # after ref_pos (3), ref_charge, atom_mask
 _OFF_NAME = _OFF_ELEMENT + NUM_ELEMENTS
 N_ATOM_FEATS = _OFF_NAME + NAME_LEN * NUM_NAME_CHARS  # 389, AF3's per-atom reference features
+# (global query slots [W, 32], global key slots [W, 128]) -> [W, 32, 128, c_atompair]
+PairExtra = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class AtomTransformerBlock(nn.Module):
@@ -126,9 +130,11 @@ class AtomAttentionEncoder(nn.Module):
         return c + F.embedding(chars, table).sum(1)
 
     def _pair_bias(self, feats: dict[str, torch.Tensor], c_all: torch.Tensor, win: AtomWindows,
-                   a0: int) -> torch.Tensor:
+                   a0: int, pair_extra: PairExtra | None = None) -> torch.Tensor:
         """Pair features of the windows, projected to every block's bias plus the key mask:
-        ``[W, blocks*heads, 32, 128]`` (AF3 Alg. 5 lines 2-6, 14)."""
+        ``[W, blocks*heads, 32, 128]`` (AF3 Alg. 5 lines 2-6, 14). ``pair_extra(qg, kg)`` (global
+        query slots ``[W, 32]``, key slots ``[W, 128]``) adds a term to ``p_lm`` before the MLP:
+        the diffusion module's trunk-pair conditioning (AF3 Alg. 5 line 9)."""
         dtype = c_all.dtype
         qg, kg = torch.where(win.query >= 0, win.query + a0, 0), win.key.clamp(min=0)
         pos, uid = feats["ref_pos"].to(dtype), feats["ref_space_uid"]
@@ -139,21 +145,23 @@ class AtomAttentionEncoder(nn.Module):
         p = (self.pair_offset(offset) + self.pair_distance(inv_d2)) * v + self.pair_valid(v)
         cr = F.relu(c_all)
         p = p + self.pair_query(cr[qg])[:, :, None] + self.pair_key(cr[kg])[:, None]
+        if pair_extra is not None:
+            p = p + pair_extra(qg, kg)
         p = p + self.pair_mlp(p)
         bias = self.pair_bias(self.pair_norm(p)).permute(0, 3, 1, 2)
         key_mask = torch.where(win.key >= 0, 0.0, MASKED_LOGIT).to(dtype)
         return bias + key_mask[:, None, None, :]
 
     def _all_pair_bias(self, feats: dict[str, torch.Tensor], c_all: torch.Tensor, win: AtomWindows,
-                       a0: int) -> torch.Tensor:
+                       a0: int, pair_extra: PairExtra | None = None) -> torch.Tensor:
         if torch.is_grad_enabled():
-            return self._pair_bias(feats, c_all, win, a0)
+            return self._pair_bias(feats, c_all, win, a0, pair_extra)
         bias = c_all.new_empty((win.count, self.pair_bias.out_features, QUERIES, KEYS))
         c_ap = self.pair_norm.normalized_shape[0]
         per_window_b = QUERIES * KEYS * (6 * c_ap + 2 * bias.shape[1]) * c_all.element_size()
         wc = chunking.rows_per_chunk(win.count, per_window_b, chunking.budget_bytes(c_all))
         for ws in chunking.slices(win.count, wc):
-            bias[ws] = self._pair_bias(feats, c_all, win.slice(ws), a0)
+            bias[ws] = self._pair_bias(feats, c_all, win.slice(ws), a0, pair_extra)
         return bias
 
     def forward(self, feats: dict[str, torch.Tensor], layout: Layout) -> torch.Tensor:
