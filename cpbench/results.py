@@ -93,14 +93,20 @@ def git_commit(repo_dir: str | os.PathLike | None = None) -> str | None:
 
 
 def code_version() -> str:
-    """What identifies the benchmark code for resume: the package version + git commit."""
+    """What identifies the benchmark code for resume: the package version + a hash of its
+    Python sources (works where no ``.git`` travels, e.g. a copied tree on a GPU node)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         pkg = version("cpbench")
     except PackageNotFoundError:
         pkg = "0+unknown"
-    return f"{pkg}@{git_commit() or 'nogit'}"
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return f"{pkg}+src.{digest.hexdigest()[:12]}"
 
 
 def point_signature(point_config: dict, code: str | None = None) -> str:
