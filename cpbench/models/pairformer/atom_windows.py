@@ -50,8 +50,10 @@ def atom_windows(atom_mask: torch.Tensor, local: slice) -> AtomWindows:
         atom_mask: ``[N_atoms_pad]`` bool, global (every rank holds it).
         local: this rank's padded atom slots ``[a0, a1)``.
     Returns:
-        ``AtomWindows`` with ``W`` = number of query blocks touching the local real atoms
-        (0 when this rank has none).
+        ``AtomWindows`` with ``W`` = number of query blocks touching the local real atoms. A
+        rank without real atoms (only padding tokens) gets one window with no query and no
+        key: it runs the same ops as its peers, so every parameter has a gradient on every
+        rank (the flat gradient all-reduce needs the same set everywhere).
     """
     device = atom_mask.device
     real_slots = atom_mask.nonzero().squeeze(1)  # [n_real] global slot of real atom v
@@ -59,8 +61,7 @@ def atom_windows(atom_mask: torch.Tensor, local: slice) -> AtomWindows:
     v0 = int((real_slots < local.start).sum())
     v1 = int((real_slots < local.stop).sum())
     if v1 == v0:
-        empty = torch.empty((0, QUERIES), dtype=torch.int64, device=device)
-        return AtomWindows(empty, torch.empty((0, KEYS), dtype=torch.int64, device=device))
+        return AtomWindows(torch.full((1, QUERIES), -1, device=device), torch.full((1, KEYS), -1, device=device))
     blocks = torch.arange(v0 // QUERIES, (v1 - 1) // QUERIES + 1, device=device)
     qv = blocks[:, None] * QUERIES + torch.arange(QUERIES, device=device)
     query = torch.where((qv >= v0) & (qv < v1), real_slots[qv.clamp(max=n_real - 1)] - local.start, -1)
