@@ -37,13 +37,15 @@ def trunk_loss(s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor, layou
     Args: ``s: [N/P, c_s]``, ``z: [N/P, N, c_z]``, ``token_mask: [N]``.
     Returns: fp32 scalar; the sum over ranks is the global loss.
     """
-    rows = layout.rows(token_mask.shape[0])
+    rows, cols = layout.rows(token_mask.shape[0]), layout.cols(token_mask.shape[0])  # 2d: a tile
     m = token_mask.to(torch.float32)
     n_real = m.sum()
     pair_sq = z.square().sum(-1, dtype=torch.float32)  # [N/P, N]
-    z_term = (pair_sq * m[rows, None] * m[None, :]).sum() / (n_real * n_real * z.shape[-1])
+    z_term = (pair_sq * m[rows, None] * m[None, cols]).sum() / (n_real * n_real * z.shape[-1])
     s_term = (s.square().sum(-1, dtype=torch.float32) * m[rows]).sum() / (n_real * s.shape[-1])
-    return z_term + s_term
+    # 2d: s is replicated over the grid row; one rank of the row counts it (0·s elsewhere keeps
+    # the collectives of the single track in every rank's backward).
+    return z_term + s_term if layout.owns_single else z_term + 0 * s_term
 
 
 def all_reduce_grads(model: nn.Module, layout: Layout) -> None:
@@ -85,7 +87,7 @@ class PairformerAdapter:
         layout = layout_from_mesh(mesh)
         generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,))))
         feats = make_synthetic_features(N, n_atoms, S, generator)
-        padded, _ = pad_features(feats, units=layout.size, token_multiple=padding_unit(layout.size, torch.device(device)))
+        padded, _ = pad_features(feats, units=layout.units, token_multiple=padding_unit(layout.units, torch.device(device)))
         return {k: v.to(device) for k, v in padded.items()}
 
     def run_step(self, model: nn.Module, batch: dict[str, torch.Tensor], train: bool,

@@ -51,17 +51,18 @@ class InputEmbedder(nn.Module):
         """``[len(rows), c_s]``."""
         return self.single_init(s_inputs[rows])
 
-    def pair_init_rows(self, s_inputs: torch.Tensor, feats: dict[str, torch.Tensor], rows: slice) -> torch.Tensor:
-        """Rows ``rows`` of the pair init: ``[len(rows), N, c_z]``."""
+    def pair_init_rows(self, s_inputs: torch.Tensor, feats: dict[str, torch.Tensor], rows: slice,
+                       cols: slice = slice(None)) -> torch.Tensor:
+        """Rows ``rows`` (columns ``cols``: a 2d tile) of the pair init: ``[len(rows), len(cols), c_z]``."""
         left = self.pair_left(s_inputs[rows])  # [r, c_z]
-        right = self.pair_right(s_inputs)  # [N, c_z]
-        return left[:, None] + right[None] + self._relpos_rows(feats, rows)
+        right = self.pair_right(s_inputs[cols])  # [N, c_z]
+        return left[:, None] + right[None] + self._relpos_rows(feats, rows, cols)
 
-    def _relpos_rows(self, feats: dict[str, torch.Tensor], rows: slice) -> torch.Tensor:
-        """AF3 Alg. 3 for rows ``rows``: ``[len(rows), N, c_z]``."""
+    def _relpos_rows(self, feats: dict[str, torch.Tensor], rows: slice, cols: slice = slice(None)) -> torch.Tensor:
+        """AF3 Alg. 3 for rows ``rows`` and columns ``cols``: ``[len(rows), len(cols), c_z]``."""
         def pair(key: str) -> tuple[torch.Tensor, torch.Tensor]:
             v = feats[key]
-            return v[rows, None], v[None, :]
+            return v[rows, None], v[None, cols]
 
         (asym_i, asym_j), (ent_i, ent_j) = pair("asym_id"), pair("entity_id")
         (res_i, res_j), (tok_i, tok_j), (sym_i, sym_j) = pair("residue_index"), pair("token_index"), pair("sym_id")

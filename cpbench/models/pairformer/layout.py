@@ -6,7 +6,10 @@ Every op of the trunk takes its local shard plus a ``Layout`` and dispatches on 
 * ``1d`` (DAP): rank ``r`` of ``P`` holds rows ``[r*N/P, (r+1)*N/P)``: ``z: [N/P, N, c_z]``,
   ``s: [N/P, c_s]``; ``N`` is padded to a multiple of ``P`` (``padding.py``).
 
-A 2d layout (issue 6) adds its kind here and its sharded implementations beside the 1d ones.
+* ``2d`` (issue 6, ``grid.py``): rank ``(a, b)`` of a ``cp0 x cp1`` grid holds the tile
+  ``z: [N/cp0, N/cp1, c_z]`` (rows ``R_a``, columns ``C_b``) and the single representation of
+  its tile rows, ``s: [N/cp0, c_s]``, replicated over the ``cp1`` ranks of its grid row; ``N``
+  is padded to a multiple of ``lcm(cp0, cp1)``. The 2d ops live in ``cp2d.py``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch.distributed as dist
 
 SERIAL = "serial"
 ONE_D = "1d"
+TWO_D = "2d"
 
 
 @dataclass(frozen=True)
@@ -25,16 +29,18 @@ class Layout:
     """Sharding of the trunk's tensors.
 
     Attributes:
-        kind: ``"serial"`` or ``"1d"``.
-        group: the CP process group (None when serial).
+        kind: ``"serial"``, ``"1d"`` or ``"2d"``.
+        group: the CP process group (None when serial; 2d: the whole grid).
         rank: this rank's index in ``group``.
         size: ``P``, ranks in ``group``.
+        grid: 2d only, this rank's ``grid.Grid`` (shape, coordinates, row / column groups).
     """
 
     kind: str = SERIAL
     group: Any = None
     rank: int = 0
     size: int = 1
+    grid: Any = None
 
     @property
     def sharded(self) -> bool:
@@ -43,8 +49,25 @@ class Layout:
 
     def rows(self, n_pad: int) -> slice:
         """Global token rows this rank holds, of ``n_pad`` padded tokens."""
+        if self.grid is not None:
+            return self.grid.rows(n_pad)
         n_local = n_pad // self.size
         return slice(self.rank * n_local, (self.rank + 1) * n_local)
+
+
+    def cols(self, n_pad: int) -> slice:
+        """Global token columns of this rank's pair shard (all but in 2d)."""
+        return self.grid.cols(n_pad) if self.grid is not None else slice(0, n_pad)
+
+    @property
+    def units(self) -> int:
+        """Tokens are padded to a multiple of this: ``P``, or ``lcm(cp0, cp1)`` in 2d."""
+        return self.grid.units if self.grid is not None else self.size
+
+    @property
+    def owns_single(self) -> bool:
+        """Whether this rank's ``s`` counts in global sums (2d: one rank per grid row)."""
+        return self.grid is None or self.grid.b == 0
 
 
 def serial_layout() -> Layout:
@@ -58,9 +81,19 @@ def layout_1d(group: Any = None) -> Layout:
 
 
 def layout_from_mesh(mesh: Any) -> Layout:
-    """The layout of a DeviceMesh: None or one rank -> serial; 1-D ``("cp",)`` -> 1d."""
+    """The layout of a DeviceMesh: None or one rank -> serial; 1-D ``("cp",)`` -> 1d;
+    2-D ``("cp0", "cp1")`` -> 2d."""
     if mesh is None or mesh.size() == 1:
         return serial_layout()
-    if mesh.ndim != 1:
-        raise ValueError(f"topology=2d: the reference trunk implements 1d only so far (mesh {tuple(mesh.shape)})")
+    if mesh.ndim == 2:
+        return layout_2d(mesh)
     return layout_1d(mesh.get_group())
+
+
+def layout_2d(mesh: Any) -> Layout:
+    """The 2d layout of a 2-D DeviceMesh ``("cp0", "cp1")``; the whole-grid group is the default
+    group when the mesh spans it (the harness), else the mesh's flattened group."""
+    from cpbench.models.pairformer.grid import grid_from_mesh  # grid.py imports comm, comm imports us
+
+    group = dist.group.WORLD if mesh.size() == dist.get_world_size() else mesh._flatten().get_group()
+    return Layout(TWO_D, group, dist.get_rank(group), mesh.size(), grid_from_mesh(mesh))

@@ -35,7 +35,8 @@ def key_bias(token_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (~token_mask).to(dtype) * MASKED_LOGIT
 
 
-def pair_mask(token_mask: torch.Tensor, rows: slice, dtype: torch.dtype) -> torch.Tensor:
-    """Pair mask of the rows ``rows``: ``[len(rows), N_pad, 1]`` in ``dtype`` (1 real, 0 masked)."""
+def pair_mask(token_mask: torch.Tensor, rows: slice, dtype: torch.dtype, cols: slice = slice(None)) -> torch.Tensor:
+    """Pair mask of the rows ``rows`` (and columns ``cols``, 2d): ``[len(rows), len(cols), 1]``
+    in ``dtype`` (1 real, 0 masked)."""
     m = token_mask.to(dtype)
-    return (m[rows, None] * m[None, :])[..., None]
+    return (m[rows, None] * m[None, cols])[..., None]

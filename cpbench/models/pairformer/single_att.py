@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from cpbench.models.pairformer import chunking, comm
-from cpbench.models.pairformer.layout import Layout
+from cpbench.models.pairformer.cp2d import attention_pair_bias_2d
+from cpbench.models.pairformer.layout import TWO_D, Layout
 from cpbench.models.pairformer.padding import key_bias
 
 
@@ -50,6 +51,8 @@ class AttentionPairBias(nn.Module):
         return bias
 
     def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor, layout: Layout) -> torch.Tensor:
+        if layout.kind == TWO_D and layout.sharded:  # s [N/cp0, c_s], z tile [N/cp0, N/cp1, c_z] (cp2d.py)
+            return attention_pair_bias_2d(self, s, z, token_mask, layout)
         n_local, c_s = s.shape
         h, d = self.heads, c_s // self.heads
         a = self.norm_s(s)

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from cpbench.models.pairformer import chunking, comm
-from cpbench.models.pairformer.layout import Layout
+from cpbench.models.pairformer.cp2d import triangle_attention_2d
+from cpbench.models.pairformer.layout import TWO_D, Layout
 from cpbench.models.pairformer.padding import key_bias
 
 
@@ -65,6 +66,8 @@ class TriangleAttention(nn.Module):
 
     def forward(self, z: torch.Tensor, token_mask: torch.Tensor, layout: Layout) -> torch.Tensor:
         """Args: ``z: [N/P, N, c_z]``, ``token_mask: [N]`` bool. Returns ``[N/P, N, c_z]``."""
+        if layout.kind == TWO_D and layout.sharded:  # tiles [N/cp0, N/cp1, c_z]: ring (cp2d.py)
+            return triangle_attention_2d(self, z, token_mask, layout)
         bias = self._bias(z, token_mask, layout)
         if torch.is_grad_enabled():
             return z + self._attend(self.norm(z), bias)

@@ -41,17 +41,17 @@ class PairformerTrunk(nn.Module):
         self.block_ms: list[float] = []
 
     def _recycle(self, s_inputs: torch.Tensor, feats: dict, rows: slice, s: torch.Tensor,
-                 z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                 z: torch.Tensor, cols: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
         """``(s_init + W LN(s), z_init + W LN(z))``; in place into ``z`` without autograd."""
         emb = self.embedder
         s = emb.single_init_rows(s_inputs, rows) + self.recycle_s(self.recycle_norm_s(s))
         if torch.is_grad_enabled():
-            return s, emb.pair_init_rows(s_inputs, feats, rows) + self.recycle_z(self.recycle_norm_z(z))
+            return s, emb.pair_init_rows(s_inputs, feats, rows, cols) + self.recycle_z(self.recycle_norm_z(z))
         n_local, n_pad, c_z = z.shape
         rc = chunking.rows_per_chunk(n_local, n_pad * 6 * c_z * z.element_size(), chunking.budget_bytes(z))
         for rs in chunking.slices(n_local, rc):
             global_rows = slice(rows.start + rs.start, rows.start + rs.stop)
-            z[rs] = emb.pair_init_rows(s_inputs, feats, global_rows) + self.recycle_z(self.recycle_norm_z(z[rs]))
+            z[rs] = emb.pair_init_rows(s_inputs, feats, global_rows, cols) + self.recycle_z(self.recycle_norm_z(z[rs]))
         return s, z
 
     def forward(self, feats: dict[str, torch.Tensor], layout: Layout, recycles: int = 0,
@@ -68,17 +68,17 @@ class PairformerTrunk(nn.Module):
         """
         token_mask = feats["token_mask"]
         n_pad = token_mask.shape[0]
-        rows = layout.rows(n_pad)
+        rows, cols = layout.rows(n_pad), layout.cols(n_pad)  # 2d: a tile of columns
         dtype = self.recycle_z.weight.dtype
         grad = torch.is_grad_enabled()
         s_inputs = self.embedder.single_inputs(feats)
         s = s_inputs.new_zeros((rows.stop - rows.start, s_inputs.shape[1]))
-        z = s_inputs.new_zeros((rows.stop - rows.start, n_pad, self.recycle_z.in_features), dtype=dtype)
+        z = s_inputs.new_zeros((rows.stop - rows.start, cols.stop - cols.start, self.recycle_z.in_features), dtype=dtype)
         blocks = self.blocks[:run_blocks] if run_blocks is not None else self.blocks
         for cycle in range(recycles + 1):
             last = cycle == recycles
             with torch.set_grad_enabled(grad and last):
-                s, z = self._recycle(s_inputs, feats, rows, s.detach(), z.detach() if grad else z)
+                s, z = self._recycle(s_inputs, feats, rows, s.detach(), z.detach() if grad else z, cols)
                 self.block_comm_bytes, self.block_ms = [], []
                 for block in blocks:
                     sent_b, start_s = comm.BYTES.sent_b, now_s(z)
