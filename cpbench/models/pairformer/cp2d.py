@@ -34,8 +34,9 @@ from cpbench.models.pairformer.padding import key_bias
 
 
 def _axis_layout(grid: Grid, along_row: bool) -> Layout:
-    """A 1d layout over the grid row (``along_row``: the cp1 ranks ``(a, *)``) or column, so that
-    ``comm``'s autograd-aware collectives run along one grid axis."""
+    """A 1d layout over the grid row (``along_row``: the cp1 ranks ``(a, *)``) or column (the
+    cp0 ranks ``(*, b)``, ``Layout.single_axis``), so that ``comm``'s autograd-aware
+    collectives run along one grid axis."""
     if along_row:
         return Layout(ONE_D, grid.row_group, grid.b, grid.cp1)
     return Layout(ONE_D, grid.col_group, grid.a, grid.cp0)

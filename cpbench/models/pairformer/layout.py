@@ -64,6 +64,14 @@ class Layout:
         """Tokens are padded to a multiple of this: ``P``, or ``lcm(cp0, cp1)`` in 2d."""
         return self.grid.units if self.grid is not None else self.size
 
+    def single_axis(self) -> "Layout":
+        """The 1d layout that shards token-indexed (O(N)) work such as the atom encoder: this
+        layout itself, or in 2d the grid column (``cp0`` ranks; rank ``(a, b)`` holds tokens
+        ``R_a``, like every rank of its grid row)."""
+        if self.grid is None:
+            return self
+        return Layout(ONE_D, self.grid.col_group, self.grid.a, self.grid.cp0)
+
     @property
     def owns_single(self) -> bool:
         """Whether this rank's ``s`` counts in global sums (2d: one rank per grid row)."""
