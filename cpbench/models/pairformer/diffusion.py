@@ -7,14 +7,16 @@ Per sampling run, once (``DiffusionModule.prepare``):
   Without autograd this overwrites the trunk's pair buffer row chunk by row chunk: the only
   pair-sized tensor of the whole sampling stage is this one shard, O(N²/P) per rank.
 * single conditioning ``s_base = Linear(LN(concat(s_trunk, s_inputs)))``: ``[N/P, c_s]``.
-* atom conditioning (Alg. 5 lines 1-12): ``c_l: [A, c_atom]`` (reference features + the
-  trunk single of the atom's token) and ``p_lm: [A/32, 32, 128, c_atompair]`` (reference
-  geometry + the trunk pair entry ``z_hat[tok(l), tok(m)]`` projected, + ``c_l``/``c_m``),
-  with ``A = N_atoms_pad/P`` this rank's atoms (the atoms of its tokens).
+* atom conditioning (Alg. 5 lines 1-12, the trunk's ``atom_encoder`` with the trunk terms):
+  ``c_l`` (reference features + the trunk single of the atom's token) for every atom, and the
+  encoder's and decoder's per-block atom pair biases ``[W, 2·blocks·heads, 32, 128]`` from
+  ``p_lm`` (reference geometry, ``c_l``/``c_m``, and the trunk pair entry
+  ``z_hat[tok(l), tok(m)]`` read from the local rows: a query atom's token is local).
 
 Per denoising call (``forward``, batched over the ``S`` samples):
-noise-level conditioning of ``s`` (Fourier embedding + 2 transitions), atom encoder (windowed
-atom transformer, mean over each token's atoms), token transformer (``blocks`` conditioned
+noise-level conditioning of ``s`` (Fourier embedding + 2 transitions), atom encoder (32 x 128
+windows over the real atoms, keys/values all-gathered per block as in the trunk's atom
+encoder; mean over each token's atoms), token transformer (``blocks`` conditioned
 blocks; each layer's pair bias ``[rows, N, heads]`` is projected from the LOCAL ``z_hat`` rows
 for a chunk of query rows at a time, never ``N x N x (layers·heads)``; keys and values are
 all-gathered as in the trunk's single attention, ``2·(P-1)·S·N/P·c_token`` elements sent per
@@ -34,8 +36,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from cpbench.models.pairformer import chunking, comm
-from cpbench.models.pairformer.atom_attention import (AtomFeatureEmbedder, AtomTransformer, AtomWindows, WINDOW_KEYS,
-                                                      WINDOW_QUERIES, atom_windows, halo_extend, key_mask_bias)
+from cpbench.models.pairformer.atom_encoder import AtomAttentionEncoder
+from cpbench.models.pairformer.atom_windows import AtomWindows, atom_windows
 from cpbench.models.pairformer.conditioned import (ConditionedAttention, ConditionedTransition, NormedPairBias,
                                                    normalize_)
 from cpbench.models.pairformer.embed import N_RELPOS, InputEmbedder
@@ -119,8 +121,9 @@ class TokenTransformerBlock(nn.Module):
         on CPU its logits ``[S, h, r, N]``) is the only bias-sized transient.
         """
         def rows(rs: slice) -> torch.Tensor:
-            bias = self.pair_bias(z_hat[rs]).permute(2, 0, 1) + mask_bias  # [h, r, N]
-            return F.scaled_dot_product_attention(q[:, :, rs], k, v, attn_mask=bias.unsqueeze(0).to(q.dtype))
+            # contiguous: unit last-dim stride for CUDA's memory-efficient SDPA (as in single_att)
+            bias = (self.pair_bias(z_hat[rs]).permute(2, 0, 1) + mask_bias).to(q.dtype).contiguous()  # [h, r, N]
+            return F.scaled_dot_product_attention(q[:, :, rs], k, v, attn_mask=bias.unsqueeze(0))
 
         n_local = q.shape[2]
         if torch.is_grad_enabled():
@@ -148,30 +151,38 @@ class TokenTransformerBlock(nn.Module):
 
 @dataclass
 class DiffusionContext:
-    """What ``prepare`` computes once per sampling run (shapes per rank; ``A`` = this rank's atoms).
+    """What ``prepare`` computes once per sampling run (shapes per rank; ``A = N_atoms_pad/P``
+    this rank's atom slots, ``W`` its atom windows).
 
     Attributes:
-        layout: the CP layout; ``windows``: this rank's atom window geometry.
+        layout: the CP layout; ``rows``: its token rows; ``local``: its atom slots.
+        feats: the global padded features (O(N + N_atoms)).
+        windows: this rank's atom windows (``atom_windows.py``: over the real atoms).
         z_hat: ``[N/P, N, c_z]`` normalised pair conditioning.
         s_base: ``[N/P, c_s]`` noise-independent single conditioning.
-        c: ``[A, c_atom]`` atom conditioning; ``p_hat``: ``[A/32, 32, 128, c_atompair]``
-            normalised atom-pair conditioning; ``atom_bias``: ``[A/32, 1, 1, 128]`` key mask.
-        token_bias: ``[N]`` token key mask; ``atom_token``: ``[A]`` local token of each atom;
-        ``atom_weight``: ``[A]`` 1/(real atoms of its token) on real atoms, else 0.
-        atom_mask: ``[A]`` bool, real atoms.
+        c: ``[A, c_atom]`` atom conditioning.
+        atom_bias: ``[W, 2·atom_blocks·atom_heads, 32, 128]`` encoder then decoder pair biases
+            (with the key mask).
+        token_bias: ``[N]`` token key mask; ``atom_token``: ``[A]`` local token of each slot.
+        atom_mask: ``[A]`` bool, real atoms; ``real_index``: ``[A]`` each slot's index among
+            the real atoms of the whole example (global order, the same at every cp);
+            ``n_real``: real atoms in the example.
     """
 
     layout: Layout
+    rows: slice
+    local: slice
+    feats: dict
     windows: AtomWindows
     z_hat: torch.Tensor
     s_base: torch.Tensor
     c: torch.Tensor
-    p_hat: torch.Tensor
     atom_bias: torch.Tensor
     token_bias: torch.Tensor
     atom_token: torch.Tensor
-    atom_weight: torch.Tensor
     atom_mask: torch.Tensor
+    real_index: torch.Tensor
+    n_real: int
 
 
 class DiffusionModule(nn.Module):
@@ -179,44 +190,31 @@ class DiffusionModule(nn.Module):
 
     ``prepare(s_trunk, z_trunk, s_inputs, feats, layout) -> DiffusionContext`` once, then
     ``forward(x_noisy, t, ctx, run_blocks) -> x_denoised`` per step (``sampler.sample``).
+
+    The atom side reuses the trunk's atom encoder (``atom_encoder.AtomAttentionEncoder``):
+    reference features, windows over the real atoms (so outputs do not depend on cp) and its
+    transformer blocks. The encoder's and the decoder's atom transformers are the first and the
+    last ``atom_blocks`` blocks of one ``AtomAttentionEncoder`` with ``2·atom_blocks`` blocks:
+    their pair biases are projected together from the one ``p_lm``, which AF3 shares between
+    encoder and decoder (``p_skip``). Its blocks take one sample at a time, so the samples loop
+    around them (``S`` key/value all-gathers per block instead of one, the same bytes).
     """
 
     def __init__(self, c_s: int, c_z: int, c_token: int = 768, blocks: int = 24, heads: int = 16, c_atom: int = 128,
                  c_atompair: int = 16, atom_blocks: int = 3, atom_heads: int = 4, c_fourier: int = 256,
                  sigma_data: float = SIGMA_DATA) -> None:
         super().__init__()
-        self.sigma_data = float(sigma_data)
+        self.sigma_data, self.atom_blocks, self.atom_heads = float(sigma_data), atom_blocks, atom_heads
         self.conditioning = DiffusionConditioning(c_s, c_z, c_fourier)
-        self.atom_features = AtomFeatureEmbedder(c_atom, c_atompair)
+        self.atoms = AtomAttentionEncoder(c_atom, c_atompair, c_token, blocks=2 * atom_blocks, heads=atom_heads)
         self.trunk_single_to_atom = nn.Sequential(nn.LayerNorm(c_s), nn.Linear(c_s, c_atom, bias=False))
         self.trunk_pair_to_atom = NormedPairBias(c_z, c_atompair)
         self.coords_to_atom = nn.Linear(3, c_atom, bias=False)
-        self.encoder = AtomTransformer(c_atom, c_atompair, atom_blocks, atom_heads)
-        self.atom_to_token = nn.Linear(c_atom, c_token, bias=False)
         self.single_to_token = nn.Sequential(nn.LayerNorm(c_s), nn.Linear(c_s, c_token, bias=False))
         self.token_blocks = nn.ModuleList(TokenTransformerBlock(c_token, c_s, c_z, heads) for _ in range(blocks))
         self.token_norm = nn.LayerNorm(c_token)
         self.token_to_atom = nn.Linear(c_token, c_atom, bias=False)
-        self.decoder = AtomTransformer(c_atom, c_atompair, atom_blocks, atom_heads)
         self.atom_out = nn.Sequential(nn.LayerNorm(c_atom), nn.Linear(c_atom, 3, bias=False))
-
-    def _trunk_pair_term(self, z_hat: torch.Tensor, q_token: torch.Tensor, k_token: torch.Tensor) -> torch.Tensor:
-        """``LinearNoBias(LN(z[tok(l), tok(m)]))`` per window: ``q_token: [nb, 32]`` local rows,
-        ``k_token: [nb, 128]`` global columns -> ``[nb, 32, 128, c_atompair]``; the gathered
-        ``z`` entries are chunked over windows without autograd."""
-        def windows(ws: slice) -> torch.Tensor:
-            return self.trunk_pair_to_atom(z_hat[q_token[ws, :, None], k_token[ws, None, :]])
-
-        nb = q_token.shape[0]
-        if torch.is_grad_enabled():
-            return windows(slice(0, nb))
-        c_ap = self.trunk_pair_to_atom.proj.out_features
-        out = z_hat.new_empty((nb, WINDOW_QUERIES, WINDOW_KEYS, c_ap))
-        per_window_b = WINDOW_QUERIES * WINDOW_KEYS * z_hat.shape[-1] * 2 * z_hat.element_size()
-        wc = chunking.rows_per_chunk(nb, per_window_b, chunking.budget_bytes(z_hat))
-        for ws in chunking.slices(nb, wc):
-            out[ws] = windows(ws)
-        return out
 
     def prepare(self, s_trunk: torch.Tensor, z_trunk: torch.Tensor, s_inputs: torch.Tensor,
                 feats: dict[str, torch.Tensor], layout: Layout) -> DiffusionContext:
@@ -224,61 +222,78 @@ class DiffusionModule(nn.Module):
 
         Args:
             s_trunk: ``[N/P, c_s]``; z_trunk: ``[N/P, N, c_z]`` (overwritten without autograd);
-            s_inputs: ``[N, c_s]`` (global, O(N)); feats: global padded features.
+            s_inputs: ``[N, c_s]`` (global, O(N)); feats: global features padded with
+            ``units = P`` (``cpbench.data.sharding.pad_features``).
+        Collectives: one all-gather of ``s_trunk`` (``(P-1)·N/P·c_s`` elements sent).
         """
         if layout.kind not in (SERIAL, ONE_D):
             raise ValueError(f"sampling: the diffusion module implements topology 1d only (layout {layout.kind!r})")
-        token_mask = feats["token_mask"]
-        rows = layout.rows(token_mask.shape[0])
-        windows = atom_windows(layout, feats["atom_to_token"].shape[0])
-        atom_token_global = feats["atom_to_token"]
-        atom_token = atom_token_global[windows.local()] - rows.start
-        atom_mask = feats["atom_mask"][windows.local()]
-        if int(atom_token.min()) < 0 or int(atom_token.max()) >= rows.stop - rows.start:
+        token_mask, atom_mask, a2t = feats["token_mask"], feats["atom_mask"], feats["atom_to_token"]
+        rows, local = layout.rows(token_mask.shape[0]), layout.rows(atom_mask.shape[0])
+        n_local = rows.stop - rows.start
+        atom_token = a2t[local] - rows.start
+        if int(atom_token.min()) < 0 or int(atom_token.max()) >= n_local:
             raise ValueError("atoms are not laid out with their tokens (pad_features with units = CP size)")
 
         z_hat = self.conditioning.pair(z_trunk, feats, rows)
         s_base = self.conditioning.single(s_trunk, s_inputs[rows])
-        c = self.atom_features.single(feats, windows) + self.trunk_single_to_atom(s_trunk)[atom_token]
-        k_token = atom_token_global[windows.key_global(c.device).clamp(0, windows.n_total - 1)]
-        pair_term = self._trunk_pair_term(z_hat, atom_token.view(windows.n_windows, WINDOW_QUERIES), k_token)
-        p = self.atom_features.pair(feats, c, halo_extend(c, layout), windows, extra=pair_term)
-        del pair_term
-        counts = torch.zeros(rows.stop - rows.start, device=c.device).index_add_(0, atom_token, atom_mask.float())
-        weight = atom_mask.float() / counts.clamp_min(1)[atom_token]
-        return DiffusionContext(layout=layout, windows=windows, z_hat=z_hat, s_base=s_base, c=c,
-                                p_hat=F.layer_norm(p, p.shape[-1:]),
-                                atom_bias=key_mask_bias(windows, feats["atom_mask"], c.dtype),
-                                token_bias=key_bias(token_mask, c.dtype), atom_token=atom_token,
-                                atom_weight=weight.to(c.dtype), atom_mask=atom_mask)
+        # Every rank computes c for all atoms (O(N_atoms), cheaper than gathering it): key atoms
+        # of a window may belong to other ranks.
+        s_all = comm.all_gather_rows(s_trunk.contiguous(), layout)  # [N, c_s]
+        c_all = self.atoms.atom_single(feats) + self.trunk_single_to_atom(s_all)[a2t]  # [A_pad, c_atom]
+        del s_all
+
+        def trunk_pair(qg: torch.Tensor, kg: torch.Tensor) -> torch.Tensor:
+            """``LinearNoBias(LN(z[tok(l), tok(m)]))``: ``[w, 32]``, ``[w, 128]`` global slots ->
+            ``[w, 32, 128, c_atompair]``; query tokens are local rows (placeholder slots of
+            windows without a query are clamped into range; their rows are never used)."""
+            q_rows = (a2t[qg] - rows.start).clamp(0, n_local - 1)
+            return self.trunk_pair_to_atom(z_hat[q_rows[:, :, None], a2t[kg][:, None, :]])
+
+        windows = atom_windows(atom_mask, local)
+        atom_bias = self.atoms._all_pair_bias(feats, c_all, windows, local.start, trunk_pair)
+        real_index = (torch.cumsum(atom_mask.long(), 0) - 1)[local].clamp_min(0)
+        return DiffusionContext(layout=layout, rows=rows, local=local, feats=feats, windows=windows, z_hat=z_hat,
+                                s_base=s_base, c=c_all[local].contiguous(), atom_bias=atom_bias,
+                                token_bias=key_bias(token_mask, c_all.dtype), atom_token=atom_token,
+                                atom_mask=atom_mask[local], real_index=real_index, n_real=int(atom_mask.sum()))
+
+    def _atom_transformer(self, q: torch.Tensor, ctx: DiffusionContext, decoder: bool) -> torch.Tensor:
+        """``q: [S, A, c_atom]`` through the encoder's (or the decoder's) atom blocks."""
+        h, first = self.atom_heads, self.atom_blocks if decoder else 0
+        out = []
+        for q_sample in q.unbind(0):
+            for i in range(first, first + self.atom_blocks):
+                bias = ctx.atom_bias[:, i * h:(i + 1) * h]
+                q_sample = self.atoms.blocks[i](q_sample, ctx.c, bias, ctx.windows, ctx.layout)
+            out.append(q_sample)
+        return torch.stack(out)
 
     def forward(self, x_noisy: torch.Tensor, t: torch.Tensor, ctx: DiffusionContext,
                 run_blocks: int | None = None) -> torch.Tensor:
         """AF3 Alg. 20.
 
         Args:
-            x_noisy: ``[S, A, 3]`` fp32 noisy coordinates of this rank's atoms.
+            x_noisy: ``[S, A, 3]`` fp32 noisy coordinates of this rank's atom slots.
             t: ``[S]`` fp32 noise levels.
             run_blocks: run only the first ``run_blocks`` token blocks (probe depth).
         Returns:
-            ``[S, A, 3]`` fp32 denoised coordinates.
+            ``[S, A, 3]`` fp32 denoised coordinates (padding slots: meaningless).
         """
         sd, dtype = self.sigma_data, ctx.c.dtype
         t3 = t[:, None, None]
         r_noisy = (x_noisy / torch.sqrt(t3.square() + sd ** 2)).to(dtype)
-        s = self.conditioning.single_at(ctx.s_base, torch.log(t / sd) / 4)  # [S, n, c_s]
+        s = self.conditioning.single_at(ctx.s_base, torch.log(t / sd) / 4)  # [S, N/P, c_s]
 
-        q = self.encoder(ctx.c + self.coords_to_atom(r_noisy), ctx.c, ctx.p_hat, ctx.atom_bias, ctx.windows, ctx.layout)
-        per_atom = F.relu(self.atom_to_token(q)) * ctx.atom_weight[:, None]  # [S, A, c_token]
-        a = per_atom.new_zeros((q.shape[0], s.shape[1], per_atom.shape[-1])).index_add(1, ctx.atom_token, per_atom)
-        a = a + self.single_to_token(s)
+        q = self._atom_transformer(ctx.c + self.coords_to_atom(r_noisy), ctx, decoder=False)  # [S, A, c_atom]
+        a = torch.stack([self.atoms._to_tokens(q_sample, ctx.feats, ctx.local, ctx.rows) for q_sample in q.unbind(0)])
+        a = a + self.single_to_token(s)  # [S, N/P, c_token]
         blocks = self.token_blocks[:run_blocks] if run_blocks is not None else self.token_blocks
         for block in blocks:
             a = block(a, s, ctx.z_hat, ctx.token_bias, ctx.layout)
         a = self.token_norm(a)
 
-        q = q + self.token_to_atom(a)[:, ctx.atom_token]
-        q = self.decoder(q, ctx.c, ctx.p_hat, ctx.atom_bias, ctx.windows, ctx.layout)
+        q = self._atom_transformer(q + self.token_to_atom(a)[:, ctx.atom_token], ctx, decoder=True)
         r_update = self.atom_out(q).float()
         t2 = t3.square()
         return sd ** 2 / (sd ** 2 + t2) * x_noisy + sd * t3 / torch.sqrt(sd ** 2 + t2) * r_update

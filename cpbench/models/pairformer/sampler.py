@@ -7,8 +7,10 @@ the denoiser, and an Euler step scaled by ``step_scale``.
 
 Sharding: each rank holds the coordinates of its atoms ``x: [S, A, 3]`` (A = N_atoms_pad/P).
 The noise, rotations and translations are drawn from one generator seeded identically on
-every rank, over the GLOBAL padded atom axis, and each rank keeps its slice, so a run gives the
-same coordinates at any cp (for the same padded layout). The centring mean is one all-reduce of
+every rank, over ALL the real atoms of the example in their order, and each rank keeps its
+own atoms' rows, so a run gives the same coordinates at any cp (padding slots stay at the
+origin plus the shared shift and play no part: they are no window's query and every window's
+masked key). The centring mean is one all-reduce of
 ``S·3 + 1`` numbers per step.
 """
 
@@ -79,12 +81,13 @@ def sample(module: DiffusionModule, ctx: DiffusionContext, steps: int, samples: 
     Returns:
         ``[samples, A, 3]`` fp32 coordinates of this rank's atoms.
     """
-    windows = ctx.windows
     device = ctx.c.device
     generator = torch.Generator(device=device).manual_seed(int(seed))
 
-    def noise() -> torch.Tensor:  # global atom axis, this rank's slice
-        return torch.randn((samples, windows.n_total, 3), generator=generator, device=device)[:, windows.local()]
+    real = ctx.atom_mask.to(torch.float32)[None, :, None]
+
+    def noise() -> torch.Tensor:  # drawn over the example's real atoms; this rank's, in its slots
+        return torch.randn((samples, ctx.n_real, 3), generator=generator, device=device)[:, ctx.real_index] * real
 
     levels = schedule.levels(steps)
     x = levels[0] * noise()
