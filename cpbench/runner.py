@@ -46,9 +46,10 @@ FAIL_GRACE_S = 3.0
 _PEER_FAILURE_MARKERS = ("connection closed by peer", "connection reset", "broken pipe", "peer",
                          "nccl communicator was aborted", "process group", "timed out", "socket")
 # Environment a worker must not inherit from a torchrun/SLURM supervisor: it joins the point's
-# own group through an explicit tcp:// address.
-_SUPERVISOR_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-                   "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
+# own group through an explicit tcp:// address (and TORCHELASTIC_* would make its rank 0 a
+# client of torchrun's agent store instead of the point's store server: a silent hang).
+_SUPERVISOR_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                   "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,8 @@ class Runner:
             "threads": max(1, (os.cpu_count() or 1) // len(self.slots.ranks)),
         }
         (work_dir / "spec.json").write_text(json.dumps(spec))
-        env = {k: v for k, v in os.environ.items() if k not in _SUPERVISOR_ENV}
+        env = {k: v for k, v in os.environ.items()
+               if k not in _SUPERVISOR_ENV and not k.startswith("TORCHELASTIC_")}
         procs = []
         for rank, dev in zip(self.slots.ranks, self.slots.device_indices):
             logf = open(work_dir / f"rank{rank}.log", "wb")

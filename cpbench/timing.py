@@ -40,6 +40,7 @@ def run_timing(point: Point, runner: Runner, out_dir: Path | None) -> dict:
     if result.status != "ok":
         return out
     out.update(summarize_times(result.per_rank("times_ms")))
+    out["times_ms_per_rank"] = [[round(t, 4) for t in ts] for ts in result.per_rank("times_ms")]
     out["warmup_ms"] = [round(max(it), 4) for it in zip(*result.per_rank("warmup_ms"))]
     out["tokens_per_s"] = point.N / (out["median_ms"] / 1e3) if out["median_ms"] > 0 else None
     out["loss"] = result.ranks[0].get("loss")

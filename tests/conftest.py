@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -28,10 +29,22 @@ TIMING_MULTIRUN_ARGS = ["-m", "workflow=inference,training", "cp=1,2", "N=32,48"
                         "routine=timing"]
 
 
+def run_command(cmd: list[str], cwd: Path, timeout_s: float) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in its own session; on timeout kill the whole session (workers included)."""
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=os.environ.copy(), start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def run_cpbench(args: list[str], cwd: Path, timeout_s: float = 300) -> subprocess.CompletedProcess:
     """``python -m cpbench ARGS`` in ``cwd`` (outputs and report land there)."""
-    return subprocess.run([sys.executable, "-m", "cpbench", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout_s, env=os.environ.copy())
+    return run_command([sys.executable, "-m", "cpbench", *args], cwd, timeout_s)
 
 
 def compose_cfg(*overrides: str):
