@@ -65,6 +65,20 @@ def all_reduce_(t: torch.Tensor, layout: Layout) -> torch.Tensor:
     return t
 
 
+def agree_min(n: int, layout: Layout, device: torch.device) -> int:
+    """The smallest ``n`` over the CP group.
+
+    Chunk sizes come from each rank's free memory, which differs slightly between GPUs; a loop
+    whose iterations issue collectives must run the same number of times on every rank.
+    """
+    if not layout.sharded:
+        return n
+    t = torch.tensor([n], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=layout.group)
+    BYTES.add(2 * (layout.size - 1) * t.element_size() / layout.size)
+    return int(t.item())
+
+
 class _AllGatherRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, layout: Layout) -> torch.Tensor:
@@ -101,7 +115,7 @@ def _transpose_1d(z: torch.Tensor, layout: Layout) -> torch.Tensor:
     out = torch.empty_like(z, memory_format=torch.contiguous_format)
     # out[j, s-block i, :] = Z[i in s, j mine]: block s of the result comes from rank s.
     out_blocks = out.view(n_local, p, n_local, c)
-    chunk_c = chunking.divisor_chunk(c, 2 * _nbytes(z) // c, chunking.budget_bytes(z))
+    chunk_c = agree_min(chunking.divisor_chunk(c, 2 * _nbytes(z) // c, chunking.budget_bytes(z)), layout, z.device)
     for cs in chunking.slices(c, chunk_c):
         # send[s] = my rows, the columns of rank s: [P, n_local(i), n_local(j), chunk]
         send = z[..., cs].reshape(n_local, p, n_local, cs.stop - cs.start).permute(1, 0, 2, 3).contiguous()

@@ -51,7 +51,9 @@ class TriangleAttention(nn.Module):
         # contiguous: the permuted sum keeps a head stride of 1, and CUDA's memory-efficient SDPA
         # needs a unit last-dim stride; otherwise it falls back to the math kernel, which
         # materialises [rows, heads, N, N] logits (128 GiB at N=2048).
-        return (full.permute(2, 0, 1) + key_bias(token_mask, z.dtype)).contiguous().unsqueeze(0)
+        if torch.is_grad_enabled():
+            return (full.permute(2, 0, 1) + key_bias(token_mask, z.dtype)).contiguous().unsqueeze(0)
+        return full.permute(2, 0, 1).contiguous().add_(key_bias(token_mask, z.dtype)).unsqueeze(0)  # one copy
 
     def _attend(self, zn: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """Rows ``zn: [r, N, c_z]`` -> update ``[r, N, c_z]``."""

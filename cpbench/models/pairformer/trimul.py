@@ -35,7 +35,7 @@ def _gathered_product_into(out: torch.Tensor, left: torch.Tensor, right: torch.T
     p, (c, n_local, n_pad) = layout.size, left.shape
     out_cols = out.view(c, n_local, p, n_local)
     per_row_b = (p * c * n_pad + c * n_local) * left.element_size()
-    jc = chunking.rows_per_chunk(n_local, per_row_b, chunking.budget_bytes(left) // 2)
+    jc = comm.agree_min(chunking.rows_per_chunk(n_local, per_row_b, chunking.budget_bytes(left) // 2), layout, left.device)
     for js in chunking.slices(n_local, jc):
         gathered = left.new_empty((p, c, js.stop - js.start, n_pad))
         comm.gather_into(gathered, right[:, js].contiguous(), layout)
@@ -64,7 +64,7 @@ class _GatheredProduct(torch.autograd.Function):
         grad_left = torch.zeros_like(left)
         grad_right = torch.empty_like(right)
         per_row_b = 3 * p * c * n_pad * left.element_size()
-        jc = chunking.rows_per_chunk(n_local, per_row_b, chunking.budget_bytes(left) // 2)
+        jc = comm.agree_min(chunking.rows_per_chunk(n_local, per_row_b, chunking.budget_bytes(left) // 2), layout, left.device)
         for js in chunking.slices(n_local, jc):
             width = js.stop - js.start
             gathered = left.new_empty((p, c, width, n_pad))
@@ -163,6 +163,7 @@ class TriangleMultiplication(nn.Module):
         budget_b = chunking.budget_bytes(z)  # after x: on CUDA the budget is what is left free
         # Two operand chunks of ck channels live across the product; keep them within half the budget.
         ck = chunking.divisor_chunk(c_z, 2 * n_local * n_pad * es, budget_b // 2)
+        ck = comm.agree_min(ck, layout, z.device)  # each channel chunk runs collectives
         rc = chunking.rows_per_chunk(n_local, n_pad * (2 * c_z + 8 * ck) * es, budget_b // 2)
         for cs in chunking.slices(c_z, ck):
             left = z.new_empty((cs.stop - cs.start, n_local, n_pad))
