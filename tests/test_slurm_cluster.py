@@ -187,19 +187,29 @@ def test_slurm_requeued_probe_continues_from_its_saved_points(tmp_path, interrup
     assert log.count("Starting with JobEnvironment") == 2, log[-2000:]
 
 
-def test_slurm_cancelled_job_becomes_a_result_row_and_the_sweep_completes(tmp_path):
+@pytest.mark.parametrize("wait", [True, False], ids=["controller_waits", "collected_later"])
+def test_slurm_cancelled_job_becomes_a_result_row_and_the_sweep_completes(tmp_path, wait):
     sweep_dir = tmp_path / "sweep"
     # Rank 1 hangs at every N: the job runs until SLURM ends it.
     proc = _cpbench(["cp=2", "routine=timing", "N=32", "timing.timeout_s=600", *fault_model("hang", threshold_n=0),
-                     f"hydra.sweep.dir={sweep_dir}", f"report.out={tmp_path / 'report.md'}"], tmp_path)
+                     f"hydra.launcher.wait={str(wait).lower()}", f"hydra.sweep.dir={sweep_dir}",
+                     f"report.out={tmp_path / 'report.md'}"], tmp_path)
     try:
         job_id = _wait_for(lambda: _manifest_job_id(sweep_dir), 60, "the submission")
-        _wait_for(lambda: _job_state(job_id) == "RUNNING", 60, "the job to run")
+        if not wait:
+            assert job_id in _finish(proc)  # returned at once, printing the job id
+        _wait_for(lambda: _job_state(job_id) == "RUNNING", 120, "the job to run")
         subprocess.run(["scancel", job_id], check=True, timeout=30)
     except BaseException:
         proc.kill()
         raise
-    _finish(proc)
+    if wait:
+        _finish(proc)
+    else:
+        later = subprocess.run([sys.executable, "-m", "cpbench.launcher.collect", str(sweep_dir), "--wait",
+                                "--poll-s", "1"], capture_output=True, text=True, timeout=120)
+        assert later.returncode == 0, later.stderr[-3000:]
+        assert "1 job(s) over, 0 still queued or running" in later.stdout
 
     record = _result(sweep_dir, 0)
     assert record["status"] == "error"

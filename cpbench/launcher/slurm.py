@@ -46,7 +46,6 @@ OWN_KEYS = ("gpus_per_node", "wait", "poll_s", "sigterm_grace_s")
 DERIVED_KEYS = ("nodes", "tasks_per_node")
 # submitit's generic (executor-independent) parameters; every other key is a slurm_ one.
 GENERIC_KEYS = frozenset(OmegaConf.structured(BaseQueueConf).keys()) - {"submitit_folder"}
-MANIFEST_FILE = "slurm_jobs.json"
 AUTO_CP_ON_CPU = 2  # cp=auto on a CPU cluster, as locally (cpbench.config.AUTO_CP_ON_CPU)
 
 
@@ -108,19 +107,18 @@ class GroupedSlurmLauncher(BaseSubmititLauncher):
             if previous is not None:
                 log.info("cpbench: %s: resume, result.json already has this point (%s)",
                          job.describe(), previous.get("status"))
-                returns[job.idx] = collect.job_return(job, previous)
+                returns[job.idx] = collect.job_return(job.overrides, job.out_dir, previous)
             else:
                 to_submit.append(job)
 
         submitted = self._submit(to_submit, sweep_dir) if to_submit else []
         if to_submit:
-            collect.write_manifest(sweep_dir / MANIFEST_FILE, submitted)
+            collect.write_manifest(sweep_dir / collect.MANIFEST_FILE, submitted)
         if not self.params.get("wait", True):
             collect.announce(submitted, sweep_dir)
             returns.update({s.job.idx: collect.submitted_return(s) for s in submitted})
         else:
             returns.update(collect.collect(submitted, poll_s=float(self.params.get("poll_s", 5)),
-                                           gpus_per_node=self._gpus_per_node(),
                                            total=len(planned)))
         return [returns[job.idx] for job in planned]
 
@@ -182,7 +180,7 @@ class GroupedSlurmLauncher(BaseSubmititLauncher):
         return executor
 
     def _submit(self, planned: list[PlannedJob], sweep_dir: Path) -> list:
-        from cpbench.launcher.collect import Submitted
+        from cpbench.launcher.collect import submitted as describe_submitted
 
         groups: dict[JobResources, list[PlannedJob]] = defaultdict(list)
         for job in planned:
@@ -198,7 +196,8 @@ class GroupedSlurmLauncher(BaseSubmititLauncher):
             args = [(job.overrides, "hydra.sweep.dir", job.idx, f"job_id_for_{job.idx}", Singleton.get_state())
                     for job in jobs]
             slurm_jobs = executor.map_array(self, *zip(*args))
-            submitted += [Submitted(job, sj, submitted_at) for job, sj in zip(jobs, slurm_jobs)]
+            submitted += [describe_submitted(job, sj, submitted_at, self._gpus_per_node())
+                          for job, sj in zip(jobs, slurm_jobs)]
         return sorted(submitted, key=lambda s: s.job.idx)
 
     # ------------------------------------------------------------------ node side
