@@ -10,10 +10,13 @@ elements: O(N²·c_z) whatever P (the 2d layout of issue 6 cuts it to O(N²·c_z
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from cpbench.models.pairformer import chunking, comm
 from cpbench.models.pairformer.comm import transpose_pair
 from cpbench.models.pairformer.layout import Layout
 from cpbench.models.pairformer.single_att import AttentionPairBias
@@ -41,9 +44,13 @@ class PairformerBlock(nn.Module):
                 checkpoint_ops: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """``checkpoint_ops``: checkpoint each op (with autograd), so that the recompute of a
         checkpointed block holds one op's activations at a time, not the whole block's."""
+        checkpointed = checkpoint_ops and torch.is_grad_enabled()
+        if checkpointed:  # ops chunk by the budget: freeze it for their recompute, same on every rank
+            frozen = partial(chunking.frozen_budget, comm.agree_min(chunking.budget_bytes(z), layout, z.device))
+
         def run(op, *args):
-            if checkpoint_ops and torch.is_grad_enabled():
-                return checkpoint(op, *args, use_reentrant=False)
+            if checkpointed:
+                return checkpoint(op, *args, use_reentrant=False, context_fn=frozen)
             return op(*args)
 
         z = run(self.tri_mul_out, z, token_mask, layout)

@@ -1,7 +1,8 @@
 """Chunk sizes from shapes and free memory: one place that decides how big a work slice is.
 
-Under autograd an op runs on its whole shard (chunks would all be kept for backward anyway);
-without autograd the ops slice their work so that transient buffers fit a budget:
+Without autograd the ops slice their work so that transient buffers fit a budget; with autograd
+an op whose activations would not fit runs checkpointed chunks (backward keeps their inputs and
+recomputes one chunk at a time). The budget:
 
 * CUDA: a fraction of the free memory (device free + cached-but-unused), so chunks are as large
   as memory allows (fast) and shrink as N grows (fits).
@@ -31,6 +32,13 @@ def override_budget(budget_bytes: int | None) -> Iterator[None]:
         yield
     finally:
         _override_bytes = previous
+
+
+def frozen_budget(budget_b: int) -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+    """``context_fn`` for ``torch.utils.checkpoint``: the forward and the recompute of a
+    checkpointed op see the same budget, so they chunk (and save tensors) identically even
+    though the free memory differs between the two."""
+    return override_budget(budget_b), override_budget(budget_b)
 
 
 def budget_bytes(pair: torch.Tensor) -> int:

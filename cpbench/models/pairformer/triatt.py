@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from cpbench.models.pairformer import chunking, comm
 from cpbench.models.pairformer.cp2d import triangle_attention_2d
@@ -25,7 +26,8 @@ class TriangleAttention(nn.Module):
     """Gated triangle self-attention with pair bias, ``heads x head_dim``.
 
     ``forward(z, token_mask, layout)``: ``z: [N/P, N, c_z]`` (row shard of Z, or of Z^T when
-    ``ending``), returns z plus the update in the same layout; in place without autograd.
+    ``ending``), returns z plus the update in the same layout; in place without autograd,
+    checkpointed row chunks with autograd when the activations would not fit the budget.
     Collectives (1d): all-gather of the bias, ``(P-1)·N/P·N·heads`` elements sent per rank.
     """
 
@@ -55,6 +57,9 @@ class TriangleAttention(nn.Module):
             return (full.permute(2, 0, 1) + key_bias(token_mask, z.dtype)).contiguous().unsqueeze(0)
         return full.permute(2, 0, 1).contiguous().add_(key_bias(token_mask, z.dtype)).unsqueeze(0)  # one copy
 
+    def _attend_rows(self, z_rows: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return self._attend(self.norm(z_rows), bias)
+
     def _attend(self, zn: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """Rows ``zn: [r, N, c_z]`` -> update ``[r, N, c_z]``."""
         r, n_pad, _ = zn.shape
@@ -71,10 +76,18 @@ class TriangleAttention(nn.Module):
         if layout.kind == TWO_D and layout.sharded:  # tiles [N/cp0, N/cp1, c_z]: ring (cp2d.py)
             return triangle_attention_2d(self, z, token_mask, layout)
         bias = self._bias(z, token_mask, layout)
-        if torch.is_grad_enabled():
-            return z + self._attend(self.norm(z), bias)
         n_local, n_pad, c_z = z.shape
         h, d = self.heads, self.head_dim
+        if torch.is_grad_enabled():
+            # Per row of z: LN, q/k/v/g, output; and [heads, N, N] for the bias gradient of the
+            # broadcast bias (CUDA) or the logits and probabilities of the unfused kernel (CPU).
+            per_row_b = (n_pad * (2 * c_z + 7 * h * d) + 3 * h * n_pad * n_pad) * z.element_size()
+            rc = chunking.rows_per_chunk(n_local, per_row_b, chunking.budget_bytes(z))
+            if rc >= n_local:
+                return z + self._attend_rows(z, bias)
+            # Checkpointed row chunks: backward keeps z and the bias, recomputes one chunk at a time.
+            return z + torch.cat([checkpoint(self._attend_rows, z_rows, bias, use_reentrant=False)
+                                  for z_rows in z.split(rc)])
         # Per row: normed z, q/k/v/g, output; the unfused CPU kernel also holds the logits.
         per_row = n_pad * (2 * c_z + 6 * h * d) + (0 if z.is_cuda else 2 * h * n_pad)
         rc = chunking.rows_per_chunk(n_local, per_row * z.element_size(), chunking.budget_bytes(z))

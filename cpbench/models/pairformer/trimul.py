@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from cpbench.models.pairformer import chunking, comm
 from cpbench.models.pairformer.cp2d import triangle_product_2d
@@ -110,7 +111,8 @@ class TriangleMultiplication(nn.Module):
     (outgoing) or of Z^T (incoming), and returns z plus the update in the same layout. Without
     autograd the update is added in place and the work is chunked: over channels for the
     projections and the product (the full ``[c, N/P, N]`` product plus two channel chunks of
-    the operands live at once), over rows for the output stage.
+    the operands live at once), over rows for the output stage. With autograd the same chunks
+    are checkpointed when the op's activations would not fit the budget (``chunking.py``).
     """
 
     def __init__(self, c_z: int, incoming: bool = False) -> None:
@@ -150,11 +152,36 @@ class TriangleMultiplication(nn.Module):
         rows = layout.rows(token_mask.shape[0])
         mask = pair_mask(token_mask, rows, z.dtype, layout.cols(token_mask.shape[0]))
         if torch.is_grad_enabled():
+            return self._forward_autograd(z, mask, layout)
+        return self._forward_lean(z, mask, layout)
+
+    def _product_chunk(self, z: torch.Tensor, mask: torch.Tensor, cs: slice, layout: Layout) -> torch.Tensor:
+        """Channels ``cs`` of the triangle product: ``[len(cs), N/P, N]``."""
+        left, right = self._operands(self.norm_in(z), mask, cs)
+        return triangle_product(left.contiguous(), right.contiguous(), layout)
+
+    def _update_rows(self, x_rows: torch.Tensor, z_rows: torch.Tensor) -> torch.Tensor:
+        """``x_rows: [c, r, N]``, ``z_rows: [r, N, c_z]`` -> update ``[r, N, c_z]``."""
+        return self._update(x_rows.permute(1, 2, 0), self.norm_in(z_rows))
+
+    def _forward_autograd(self, z: torch.Tensor, mask: torch.Tensor, layout: Layout) -> torch.Tensor:
+        n_local, n_pad, c_z = z.shape
+        pair_b = z.numel() * z.element_size()
+        budget_b = chunking.budget_bytes(z)
+        if 16 * pair_b <= budget_b:  # every activation of the op fits: no recompute
             zn = self.norm_in(z)
             left, right = self._operands(zn, mask, slice(0, c_z))
             x = triangle_product(left.contiguous(), right.contiguous(), layout)
             return z + self._update(x.permute(1, 2, 0), zn)
-        return self._forward_lean(z, mask, layout)
+        # Checkpointed chunks: channels for the product, rows for the output stage, so backward
+        # keeps z, x and one chunk's activations (~14 pair-sized tensors per channel otherwise).
+        ck = chunking.divisor_chunk(c_z, 14 * pair_b // c_z, max(budget_b - 2 * pair_b, 0))
+        ck = comm.agree_min(ck, layout, z.device)  # each channel chunk runs collectives
+        x = torch.cat([checkpoint(self._product_chunk, z, mask, cs, layout, use_reentrant=False)
+                       for cs in chunking.slices(c_z, ck)])
+        rc = chunking.rows_per_chunk(n_local, 10 * pair_b // n_local, budget_b)
+        return z + torch.cat([checkpoint(self._update_rows, x_rows, z_rows, use_reentrant=False)
+                              for x_rows, z_rows in zip(x.split(rc, dim=1), z.split(rc, dim=0))])
 
     def _forward_lean(self, z: torch.Tensor, mask: torch.Tensor, layout: Layout) -> torch.Tensor:
         n_local, n_pad, c_z = z.shape
