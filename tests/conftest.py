@@ -25,8 +25,9 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # tests.adapters, for config validation in this process
 
 # The acceptance multirun of issue 2: 8 timing points of the tiny reference trunk on CPU.
+# Inference samples 4 diffusion steps (not 200): CI time; the sampler's per-step cost is all it adds.
 TIMING_MULTIRUN_ARGS = ["-m", "workflow=inference,training", "cp=1,2", "N=32,48", "model=tiny", "device=cpu",
-                        "routine=timing"]
+                        "routine=timing", "workflow.sampling_steps=4"]
 
 
 def run_command(cmd: list[str], cwd: Path, timeout_s: float) -> subprocess.CompletedProcess:
