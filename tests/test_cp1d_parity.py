@@ -1,5 +1,6 @@
 """1d context parallelism matches cp=1: every op, one block, the whole trunk, three training
-steps; outputs and every parameter gradient within 1e-5 relative error (norm-wise).
+steps; outputs and every parameter gradient within 1e-5 relative error (norm-wise); and the
+bytes a block sends per rank are the documented volume.
 
 gloo, fp32, fresh random inputs, N=13 (not divisible by 2 or 4) with masked real tokens and
 random garbage in the padding. Each rank computes the cp=1 reference itself (serial layout,
@@ -15,7 +16,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 from _dist import run_distributed
-from cpbench.models.pairformer import chunking
+from cpbench.models.pairformer import chunking, comm
 from cpbench.models.pairformer.adapter import PairformerAdapter, all_reduce_grads, trunk_loss
 from cpbench.models.pairformer.block import PairformerBlock
 from cpbench.models.pairformer.comm import transpose_pair
@@ -146,13 +147,34 @@ def _check_trunk_and_training(seed: int, errors: dict, losses: dict) -> None:
     errors["train3/params"] = _rel(flat, flat_ref)
 
 
+def _block_bytes(seed: int) -> tuple[int, int]:
+    """(bytes this rank's comm counted for one block forward, the documented volume)."""
+    layout = layout_1d()
+    p = layout.size
+    n_pad = -(-N // p) * p
+    n_local = n_pad // p
+    torch.manual_seed(seed)
+    block = PairformerBlock(C_S, C_Z, HEADS_S, HEADS_T, HEAD_DIM, FACTOR)
+    mask = torch.arange(n_pad) < N
+    comm.BYTES.reset()
+    with torch.no_grad():
+        block(torch.randn(n_local, C_S), torch.randn(n_local, n_pad, C_Z), mask, layout)
+    es = 4
+    pair_b = n_local * n_pad * C_Z * es
+    expected = (4 * (p - 1) * pair_b // p  # four all-to-alls of z
+                + 2 * (p - 1) * pair_b  # two gathered triangle operands
+                + 2 * (p - 1) * n_local * n_pad * HEADS_T * es  # two triangle biases
+                + 2 * (p - 1) * n_local * C_S * es)  # single attention keys and values
+    return comm.BYTES.sent_b, expected
+
+
 def _parity_worker(rank: int, world: int, seed: int) -> dict:
     errors: dict[str, float] = {}
     for i, name in enumerate(CASES):
         _check_case(name, seed + i, errors)
     losses: dict[str, list[float]] = {}
     _check_trunk_and_training(seed, errors, losses)
-    return {"errors": errors, "losses": losses}
+    return {"errors": errors, "losses": losses, "block_bytes": _block_bytes(seed)}
 
 
 @pytest.mark.parametrize("cp", [2, 4])
@@ -165,4 +187,7 @@ def test_cp1d_matches_cp1_for_ops_block_trunk_and_three_training_steps(cp):
         ref, cp_losses = res["losses"]["ref"], res["losses"]["cp"]
         assert all(abs(a - b) <= TOL * abs(b) for a, b in zip(cp_losses, ref)), (seed, rank, cp_losses, ref)
         assert cp_losses == results[0]["losses"]["cp"], "training loss differs between ranks"
+        counted_b, expected_b = res["block_bytes"]
+        # the counter adds only the few bytes of chunk-size agreements to the data volume
+        assert 0 <= counted_b - expected_b < 1024, (rank, counted_b, expected_b)
     assert len(results[0]["errors"]) > 100  # every op, block, trunk, parameter was compared
