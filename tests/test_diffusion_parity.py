@@ -1,4 +1,4 @@
-"""1d context parallelism of the diffusion module matches cp=1: the pair conditioning, one
+"""1d and 2d context parallelism of the diffusion module match cp=1: the pair conditioning, one
 denoiser call, and a whole sampler run (fixed noise, fp32), within 1e-5 relative error.
 
 gloo, fresh random trunk outputs, N=13 tokens (not divisible by 2 or 4) with padding tokens
@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.distributed.device_mesh import init_device_mesh
 
 from _dist import run_distributed
 from cpbench.data.sharding import pad_features
 from cpbench.data.synthetic import make_synthetic_features
 from cpbench.models.pairformer import chunking
 from cpbench.models.pairformer.diffusion import DiffusionModule
-from cpbench.models.pairformer.layout import layout_1d, serial_layout
+from cpbench.models.pairformer.layout import layout_1d, layout_from_mesh, serial_layout
 from cpbench.models.pairformer.sampler import sample
 
 N, N_ATOMS, C_S, C_Z = 13, 60, 16, 8
@@ -40,25 +41,27 @@ def _real_atoms(x: torch.Tensor, atom_mask: torch.Tensor) -> torch.Tensor:
     return x[:, atom_mask]
 
 
-def _check(seed: int, budget_b: int | None) -> dict[str, float]:
-    layout, serial = layout_1d(), serial_layout()
+def _check(seed: int, budget_b: int | None, layout) -> dict[str, float]:
+    serial = serial_layout()
     g = torch.Generator().manual_seed(seed)
     raw = make_synthetic_features(N, N_ATOMS, 1, g)
     ref_feats, _ = pad_features(raw, units=1)  # cp=1 pads nothing but the atom block to 32
-    feats, _ = pad_features(raw, units=layout.size)
+    feats, _ = pad_features(raw, units=layout.units)
     n_pad = feats["token_mask"].shape[0]
-    rows = layout.rows(n_pad)
+    rows, cols = layout.rows(n_pad), layout.cols(n_pad)
     # Trunk outputs on the real tokens; random garbage on the padding tokens of the sharded run.
     s_trunk, s_inputs = torch.randn(2, n_pad, C_S, generator=g)
     z = torch.randn(n_pad, n_pad, C_Z, generator=g)
     torch.manual_seed(seed)
     module = DiffusionModule(C_S, C_Z, **SIZES)
     real_rows = torch.arange(rows.start, rows.stop)[feats["token_mask"][rows]]
+    real_cols = torch.arange(cols.start, cols.stop)[feats["token_mask"][cols]]
     errors = {}
     with torch.no_grad(), chunking.override_budget(budget_b):
         ref = module.prepare(s_trunk[:N], z[:N, :N].clone(), s_inputs[:N], ref_feats, serial)
-        ctx = module.prepare(s_trunk[rows], z[rows].clone(), s_inputs, feats, layout)
-        errors["z_hat"] = _rel(ctx.z_hat[real_rows - rows.start, :N], ref.z_hat[real_rows, :N])
+        ctx = module.prepare(s_trunk[rows], z[rows, cols].clone(), s_inputs, feats, layout)
+        errors["z_hat"] = _rel(ctx.z_hat[real_rows - rows.start][:, real_cols - cols.start],
+                               ref.z_hat[real_rows][:, real_cols])
 
         mine = ctx.real_index[ctx.atom_mask]  # global order of this rank's real atoms
         # High noise levels: the output is mostly the network's update, not the skip term.
@@ -75,14 +78,24 @@ def _check(seed: int, budget_b: int | None) -> dict[str, float]:
     return errors
 
 
-def _worker(rank: int, world_size: int, seed: int) -> dict[str, dict[str, float]]:
-    return {"default": _check(seed, None), "lean": _check(seed, LEAN_BUDGET_B)}
+def _worker(rank: int, world_size: int, seed: int, grid: tuple[int, int] | None) -> dict[str, dict[str, float]]:
+    layout = layout_1d() if grid is None else layout_from_mesh(
+        init_device_mesh("cpu", grid, mesh_dim_names=("cp0", "cp1")))
+    return {"default": _check(seed, None, layout), "lean": _check(seed, LEAN_BUDGET_B, layout)}
+
+
+def _assert_parity(cp: int, grid: tuple[int, int] | None) -> None:
+    seed = int(torch.randint(0, 2**31, (1,)))  # fresh inputs every run; printed on failure
+    per_rank = run_distributed(_worker, cp, args=(seed, grid), timeout_s=240)
+    worst = {f"{budget}/{name}": max(r[budget][name] for r in per_rank)
+             for budget in per_rank[0] for name in per_rank[0][budget]}
+    assert all(err < TOL for err in worst.values()), f"seed {seed}, cp={cp}, grid {grid}: {worst}"
 
 
 @pytest.mark.parametrize("cp", [2, 4])
 def test_1d_diffusion_matches_serial_at_n_not_divisible(cp: int) -> None:
-    seed = int(torch.randint(0, 2**31, (1,)))  # fresh inputs every run; printed on failure
-    per_rank = run_distributed(_worker, cp, args=(seed,), timeout_s=240)
-    worst = {f"{budget}/{name}": max(r[budget][name] for r in per_rank)
-             for budget in per_rank[0] for name in per_rank[0][budget]}
-    assert all(err < TOL for err in worst.values()), f"seed {seed}, cp={cp}: {worst}"
+    _assert_parity(cp, None)
+
+
+def test_2d_diffusion_on_a_2x2_grid_matches_serial() -> None:
+    _assert_parity(4, (2, 2))

@@ -24,8 +24,11 @@ from torch import nn
 from cpbench.data.sharding import pad_features
 from cpbench.data.synthetic import make_synthetic_features
 from cpbench.models.pairformer import comm
+from cpbench.models.pairformer.diffusion import BOLTZ2_SIZES, DiffusionModule
 from cpbench.models.pairformer.layout import Layout, layout_from_mesh
 from cpbench.models.pairformer.padding import padding_unit
+from cpbench.models.pairformer.sampler import sample
+from cpbench.models.pairformer.stage_timer import StageTimer
 from cpbench.models.pairformer.trunk import PairformerTrunk, now_s
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
@@ -66,13 +69,20 @@ class PairformerAdapter:
 
     def __init__(self, c_s: int = 384, c_z: int = 128, blocks: int = 64, heads_single: int = 16,
                  heads_tri: int = 4, head_dim_tri: int = 32, transition_factor: int = 4,
-                 dtype: str = "bf16", recycles: int = 0, checkpointing: bool = False, lr: float = 1e-4) -> None:
+                 dtype: str = "bf16", recycles: int = 0, checkpointing: bool = False, lr: float = 1e-4,
+                 sampling: bool = False, sampling_steps: int = 200, samples: int = 5,
+                 diffusion: dict | None = None) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r}: allowed {sorted(DTYPES)}")
         self.sizes = dict(c_s=c_s, c_z=c_z, blocks=blocks, heads_single=heads_single, heads_tri=heads_tri,
                           head_dim_tri=head_dim_tri, transition_factor=transition_factor)
         self.dtype = DTYPES[dtype]
         self.recycles, self.checkpointing, self.lr = int(recycles), bool(checkpointing), float(lr)
+        # Diffusion sampling after the trunk (inference only; ``diffusion.DiffusionModule`` sizes).
+        self.sampling, self.sampling_steps, self.samples = bool(sampling), int(sampling_steps), int(samples)
+        if self.sampling and (self.sampling_steps < 1 or self.samples < 1):
+            raise ValueError(f"sampling_steps={sampling_steps}, samples={samples}: both must be >= 1 with sampling")
+        self.diffusion_sizes = {**BOLTZ2_SIZES, **dict(diffusion or {})}
         self._stats: dict[str, Any] = {}
 
     def build_model(self, mesh: Any, device: torch.device) -> nn.Module:
@@ -80,6 +90,11 @@ class PairformerAdapter:
         model = PairformerTrunk(**self.sizes).to(device=device, dtype=self.dtype)
         model.layout = layout_from_mesh(mesh)
         model.optimizer = None  # created at the first training step (AdamW states count in its peak)
+        model.diffusion = None
+        if self.sampling:  # built after the trunk, so the trunk's weights do not depend on sampling
+            model.diffusion = DiffusionModule(self.sizes["c_s"], self.sizes["c_z"], **self.diffusion_sizes).to(
+                device=device, dtype=self.dtype)
+            model.sampling_seed = int(torch.randint(0, 2**62, (1,)))  # same on every rank (harness seed)
         return model
 
     def build_batch(self, N: int, n_atoms: int, S: int, mesh: Any, device: torch.device) -> dict[str, torch.Tensor]:
@@ -92,15 +107,31 @@ class PairformerAdapter:
 
     def run_step(self, model: nn.Module, batch: dict[str, torch.Tensor], train: bool,
                  run_blocks: int | None = None) -> torch.Tensor | None:
-        """Inference: recycles + 1 trunk passes without autograd. Training: forward, backward,
-        gradient all-reduce and an AdamW step; returns the global loss (same on every rank)."""
+        """Inference: recycles + 1 trunk passes without autograd, then with ``sampling`` the
+        diffusion sampler (``sampling_steps`` steps x ``samples`` samples, ``sampler.sample``).
+        Training: forward, backward, gradient all-reduce and an AdamW step; returns the global
+        loss (same on every rank); the diffusion module is not trained.
+
+        ``run_blocks=k`` (probe depth) runs k trunk blocks and, when sampling, ``min(k,
+        sampling_steps)`` sampler steps of k token blocks each: a step's peak does not depend on
+        how many steps ran before it (the probe checks that the peak matches the full step's).
+        """
         layout: Layout = model.layout
         comm.BYTES.reset()
+        timer = StageTimer(batch["token_mask"].device)
         start_s = now_s(batch["token_mask"])
         if not train:
             with torch.no_grad():
-                model(batch, layout, recycles=self.recycles, run_blocks=run_blocks)
-            self._record(model, start_s, now_s(batch["token_mask"]), None)
+                with timer.stage("trunk"):
+                    s, z = model(batch, layout, recycles=self.recycles, run_blocks=run_blocks, timer=timer)
+                if model.diffusion is not None:
+                    with timer.stage("sampling"):
+                        ctx = model.diffusion.prepare(s, z, model.s_inputs, batch, layout)
+                        del s, z  # z now holds the normalised pair conditioning (ctx.z_hat)
+                        sample(model.diffusion, ctx, self.sampling_steps, self.samples, model.sampling_seed,
+                               run_steps=run_blocks, run_blocks=run_blocks)
+                        del ctx
+            self._record(model, start_s, now_s(batch["token_mask"]), None, timer)
             return None
         if model.optimizer is None:
             model.optimizer = torch.optim.AdamW(model.parameters(), lr=self.lr)
@@ -116,8 +147,13 @@ class PairformerAdapter:
         self._record(model, start_s, forward_end_s, now_s(loss))
         return loss
 
-    def _record(self, model: PairformerTrunk, start_s: float, forward_end_s: float, end_s: float | None) -> None:
-        stage_ms = {"forward": (forward_end_s - start_s) * 1e3}
+    def _record(self, model: PairformerTrunk, start_s: float, forward_end_s: float, end_s: float | None,
+                timer: StageTimer | None = None) -> None:
+        if timer is not None:  # inference: embedding, trunk (blocks + recycling), sampling
+            stage_ms = timer.ms()
+            stage_ms["trunk"] = stage_ms["trunk"] - stage_ms.setdefault("embedding", 0.0)
+        else:
+            stage_ms = {"forward": (forward_end_s - start_s) * 1e3}
         if end_s is not None:
             stage_ms["backward_optimizer"] = (end_s - forward_end_s) * 1e3
         if model.block_ms:
@@ -129,7 +165,8 @@ class PairformerAdapter:
         }
 
     def stats(self) -> dict[str, Any]:
-        """Measurements of the last step: ``stage_ms`` (forward, backward_optimizer, block_mean),
+        """Measurements of the last step: ``stage_ms`` (inference: embedding, trunk, sampling
+        with ``workflow.sampling``; training: forward, backward_optimizer; both: block_mean),
         ``comm_bytes_per_block`` (bytes this rank sent in one block's forward) and
         ``comm_bytes_step`` (the whole step, backward and gradient all-reduce included)."""
         return dict(self._stats)

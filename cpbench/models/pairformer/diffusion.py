@@ -41,7 +41,8 @@ from cpbench.models.pairformer.atom_windows import AtomWindows, atom_windows
 from cpbench.models.pairformer.conditioned import (ConditionedAttention, ConditionedTransition, NormedPairBias,
                                                    normalize_)
 from cpbench.models.pairformer.embed import N_RELPOS, InputEmbedder
-from cpbench.models.pairformer.layout import ONE_D, SERIAL, Layout
+from cpbench.models.pairformer.cp2d import _axis_layout, _max_over_axis, agreed_chunk, sdpa_with_lse
+from cpbench.models.pairformer.layout import TWO_D, Layout
 from cpbench.models.pairformer.padding import key_bias
 from cpbench.models.pairformer.transition import Transition
 
@@ -71,21 +72,22 @@ class DiffusionConditioning(nn.Module):
         self.noise_proj = nn.Linear(c_fourier, c_s, bias=False)
         self.single_transitions = nn.ModuleList(Transition(c_s, 2) for _ in range(2))
 
-    def _pair_rows(self, z_rows: torch.Tensor, feats: dict, rows: slice) -> torch.Tensor:
-        return self.pair_proj(self.pair_norm(torch.cat([z_rows, self._relpos_rows(feats, rows)], dim=-1)))
+    def _pair_rows(self, z_rows: torch.Tensor, feats: dict, rows: slice, cols: slice) -> torch.Tensor:
+        return self.pair_proj(self.pair_norm(torch.cat([z_rows, self._relpos_rows(feats, rows, cols)], dim=-1)))
 
-    def pair(self, z: torch.Tensor, feats: dict[str, torch.Tensor], rows: slice) -> torch.Tensor:
-        """``z: [N/P, N, c_z]`` trunk pair rows ``rows`` -> ``z_hat`` (normalised conditioning),
-        same shape; without autograd in place into ``z``'s storage."""
+    def pair(self, z: torch.Tensor, feats: dict[str, torch.Tensor], rows: slice, cols: slice) -> torch.Tensor:
+        """``z: [N/P, N, c_z]`` (2d: ``[R, C, c_z]``) trunk pair rows ``rows``, columns ``cols``
+        -> ``z_hat`` (normalised conditioning), same shape; without autograd in place into
+        ``z``'s storage."""
         if torch.is_grad_enabled():
-            z = self._pair_rows(z, feats, rows)
+            z = self._pair_rows(z, feats, rows, cols)
             for transition in self.pair_transitions:
                 z = transition(z)
             return F.layer_norm(z, z.shape[-1:])
         n_local, n_pad, c_z = z.shape
         rc = chunking.rows_per_chunk(n_local, n_pad * 8 * c_z * z.element_size(), chunking.budget_bytes(z))
         for rs in chunking.slices(n_local, rc):
-            z[rs] = self._pair_rows(z[rs], feats, slice(rows.start + rs.start, rows.start + rs.stop))
+            z[rs] = self._pair_rows(z[rs], feats, slice(rows.start + rs.start, rows.start + rs.stop), cols)
         for transition in self.pair_transitions:
             z = transition(z)
         return normalize_(z)
@@ -137,14 +139,47 @@ class TokenTransformerBlock(nn.Module):
             o[:, :, rs] = rows(rs)
         return o
 
+    def _attend_tile(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, z_hat: torch.Tensor,
+                     mask_bias: torch.Tensor, layout: Layout) -> torch.Tensor:
+        """2d (no autograd): queries ``R_a`` over the keys ``C_b`` of this tile, ``q: [S, h, R, d]``,
+        ``k, v: [S, h, C, d]``, ``z_hat: [R, C, c_z]``; the grid row's ``cp1`` partial softmaxes
+        are merged with log-sum-exp weights (one all-reduce of ``[S, h, r, d+1]`` per query
+        chunk, chunks agreed over the grid). Returns ``[S, h, R, d]``, the same on the grid row."""
+        if torch.is_grad_enabled():
+            raise NotImplementedError("the 2d diffusion token attention is inference-only")
+        row = _axis_layout(layout.grid, along_row=True)
+        n_samples, h, n_rows, d = q.shape
+        per_row_b = k.shape[2] * h * (2 + (0 if q.is_cuda else 2 * n_samples)) * q.element_size()
+        rc = agreed_chunk(chunking.rows_per_chunk(n_rows, per_row_b, chunking.budget_bytes(z_hat)), z_hat, layout)
+        o = torch.empty_like(q)
+        for rs in chunking.slices(n_rows, rc):
+            bias = (self.pair_bias(z_hat[rs]).permute(2, 0, 1) + mask_bias).to(q.dtype).contiguous()  # [h, r, C]
+            o_part, lse = sdpa_with_lse(q[:, :, rs].contiguous(), k, v, bias.expand(n_samples, *bias.shape))
+            lse = lse.float()
+            w = torch.exp(lse - _max_over_axis(lse.clone(), row))[..., None]  # [S, h, r, 1]
+            num_den = comm.all_reduce_(torch.cat([o_part.float() * w, w], dim=-1), row)
+            o[:, :, rs] = (num_den[..., :d] / num_den[..., d:]).to(q.dtype)
+        return o
+
     def forward(self, a: torch.Tensor, s: torch.Tensor, z_hat: torch.Tensor, mask_bias: torch.Tensor,
                 layout: Layout) -> torch.Tensor:
         """``a: [S, N/P, c_token]``, ``s: [S, N/P, c_s]``, ``z_hat: [N/P, N, c_z]`` (normalised
-        pair rows), ``mask_bias: [N]`` over keys. Returns ``[S, N/P, c_token]``."""
+        pair rows), ``mask_bias: [N]`` over keys. Returns ``[S, N/P, c_token]``.
+
+        2d: ``a, s: [S, R, ·]`` (tokens ``R_a``, replicated over the grid row), ``z_hat: [R, C, c_z]``
+        tile; keys/values all-gathered along the grid column (``2·(cp0-1)·S·R·c_token``
+        elements sent), partial softmaxes merged along the grid row."""
         q, k, v, g = self.attention.project(a, s)  # [S, n, h, d]
-        kv = comm.all_gather_rows(torch.cat([k, v], dim=-1).transpose(0, 1).contiguous(), layout)  # [N, S, h, 2d]
-        k, v = kv.permute(1, 2, 0, 3).chunk(2, dim=-1)  # [S, h, N, d]
-        o = self._attend(q.transpose(1, 2), k, v, z_hat, mask_bias).transpose(1, 2)  # [S, n, h, d]
+        kv = torch.cat([k, v], dim=-1).transpose(0, 1).contiguous()  # [n, S, h, 2d]
+        if layout.kind == TWO_D:  # keys of this tile's columns, from the grid column
+            cols = layout.cols(mask_bias.shape[0])
+            kv = comm.all_gather_rows(kv, layout.single_axis())[cols]  # [C, S, h, 2d]
+            k, v = kv.permute(1, 2, 0, 3).chunk(2, dim=-1)  # [S, h, C, d]
+            o = self._attend_tile(q.transpose(1, 2), k, v, z_hat, mask_bias[cols], layout).transpose(1, 2)
+        else:
+            kv = comm.all_gather_rows(kv, layout)  # [N, S, h, 2d]
+            k, v = kv.permute(1, 2, 0, 3).chunk(2, dim=-1)  # [S, h, N, d]
+            o = self._attend(q.transpose(1, 2), k, v, z_hat, mask_bias).transpose(1, 2)  # [S, n, h, d]
         a = a + self.attention.finish(o, g, s)
         return a + self.transition(a, s)
 
@@ -155,10 +190,13 @@ class DiffusionContext:
     this rank's atom slots, ``W`` its atom windows).
 
     Attributes:
-        layout: the CP layout; ``rows``: its token rows; ``local``: its atom slots.
+        layout: the CP layout of the pair (serial, 1d or 2d); ``atom_layout``: the 1d layout
+            of token- and atom-indexed work (``layout.single_axis()``: 2d shards atoms over the
+            grid column and replicates them over the grid row); ``rows``: its token rows;
+            ``local``: its atom slots.
         feats: the global padded features (O(N + N_atoms)).
         windows: this rank's atom windows (``atom_windows.py``: over the real atoms).
-        z_hat: ``[N/P, N, c_z]`` normalised pair conditioning.
+        z_hat: ``[N/P, N, c_z]`` (2d: ``[R, C, c_z]``) normalised pair conditioning.
         s_base: ``[N/P, c_s]`` noise-independent single conditioning.
         c: ``[A, c_atom]`` atom conditioning.
         atom_bias: ``[W, 2·atom_blocks·atom_heads, 32, 128]`` encoder then decoder pair biases
@@ -170,6 +208,7 @@ class DiffusionContext:
     """
 
     layout: Layout
+    atom_layout: Layout
     rows: slice
     local: slice
     feats: dict
@@ -224,36 +263,48 @@ class DiffusionModule(nn.Module):
             s_trunk: ``[N/P, c_s]``; z_trunk: ``[N/P, N, c_z]`` (overwritten without autograd);
             s_inputs: ``[N, c_s]`` (global, O(N)); feats: global features padded with
             ``units = P`` (``cpbench.data.sharding.pad_features``).
-        Collectives: one all-gather of ``s_trunk`` (``(P-1)·N/P·c_s`` elements sent).
+            2d: ``s_trunk: [R, c_s]``, ``z_trunk: [R, C, c_z]`` (tile ``R_a x C_b``).
+        Collectives: one all-gather of ``s_trunk`` (``(P-1)·N/P·c_s`` elements sent); 2d also
+        sums the atom pairs' trunk-pair term over the grid row (``[W, 32, 128, c_atompair]``).
         """
-        if layout.kind not in (SERIAL, ONE_D):
-            raise ValueError(f"sampling: the diffusion module implements topology 1d only (layout {layout.kind!r})")
+        atom_layout = layout.single_axis()
         token_mask, atom_mask, a2t = feats["token_mask"], feats["atom_mask"], feats["atom_to_token"]
-        rows, local = layout.rows(token_mask.shape[0]), layout.rows(atom_mask.shape[0])
+        n_pad = token_mask.shape[0]
+        rows, cols, local = layout.rows(n_pad), layout.cols(n_pad), atom_layout.rows(atom_mask.shape[0])
         n_local = rows.stop - rows.start
         atom_token = a2t[local] - rows.start
         if int(atom_token.min()) < 0 or int(atom_token.max()) >= n_local:
             raise ValueError("atoms are not laid out with their tokens (pad_features with units = CP size)")
 
-        z_hat = self.conditioning.pair(z_trunk, feats, rows)
+        z_hat = self.conditioning.pair(z_trunk, feats, rows, cols)
         s_base = self.conditioning.single(s_trunk, s_inputs[rows])
         # Every rank computes c for all atoms (O(N_atoms), cheaper than gathering it): key atoms
         # of a window may belong to other ranks.
-        s_all = comm.all_gather_rows(s_trunk.contiguous(), layout)  # [N, c_s]
+        s_all = comm.all_gather_rows(s_trunk.contiguous(), atom_layout)  # [N, c_s]
         c_all = self.atoms.atom_single(feats) + self.trunk_single_to_atom(s_all)[a2t]  # [A_pad, c_atom]
         del s_all
 
         def trunk_pair(qg: torch.Tensor, kg: torch.Tensor) -> torch.Tensor:
             """``LinearNoBias(LN(z[tok(l), tok(m)]))``: ``[w, 32]``, ``[w, 128]`` global slots ->
             ``[w, 32, 128, c_atompair]``; query tokens are local rows (placeholder slots of
-            windows without a query are clamped into range; their rows are never used)."""
-            q_rows = (a2t[qg] - rows.start).clamp(0, n_local - 1)
-            return self.trunk_pair_to_atom(z_hat[q_rows[:, :, None], a2t[kg][:, None, :]])
+            windows without a query are clamped into range; their rows are never used). 2d: each
+            rank of the grid row projects the entries of its columns, the row sums them."""
+            q_rows = (a2t[qg] - rows.start).clamp(0, n_local - 1)[:, :, None]
+            k_cols = a2t[kg][:, None, :] - cols.start
+            if layout.kind != TWO_D:
+                return self.trunk_pair_to_atom(z_hat[q_rows, k_cols])
+            inside = ((k_cols >= 0) & (k_cols < cols.stop - cols.start))[..., None]
+            term = self.trunk_pair_to_atom(z_hat[q_rows, k_cols.clamp(0, cols.stop - cols.start - 1)]) * inside
+            return comm.all_reduce_(term, _axis_layout(layout.grid, along_row=True))
 
         windows = atom_windows(atom_mask, local)
-        atom_bias = self.atoms._all_pair_bias(feats, c_all, windows, local.start, trunk_pair)
+        budget_b = chunking.budget_bytes(c_all)
+        if layout.kind == TWO_D:  # the window chunks run a row all-reduce each: same count on the row
+            budget_b = agreed_chunk(budget_b, c_all, layout)
+        with chunking.override_budget(budget_b):
+            atom_bias = self.atoms._all_pair_bias(feats, c_all, windows, local.start, trunk_pair)
         real_index = (torch.cumsum(atom_mask.long(), 0) - 1)[local].clamp_min(0)
-        return DiffusionContext(layout=layout, rows=rows, local=local, feats=feats, windows=windows, z_hat=z_hat,
+        return DiffusionContext(layout=layout, atom_layout=atom_layout, rows=rows, local=local, feats=feats, windows=windows, z_hat=z_hat,
                                 s_base=s_base, c=c_all[local].contiguous(), atom_bias=atom_bias,
                                 token_bias=key_bias(token_mask, c_all.dtype), atom_token=atom_token,
                                 atom_mask=atom_mask[local], real_index=real_index, n_real=int(atom_mask.sum()))
@@ -265,7 +316,7 @@ class DiffusionModule(nn.Module):
         for q_sample in q.unbind(0):
             for i in range(first, first + self.atom_blocks):
                 bias = ctx.atom_bias[:, i * h:(i + 1) * h]
-                q_sample = self.atoms.blocks[i](q_sample, ctx.c, bias, ctx.windows, ctx.layout)
+                q_sample = self.atoms.blocks[i](q_sample, ctx.c, bias, ctx.windows, ctx.atom_layout)
             out.append(q_sample)
         return torch.stack(out)
 

@@ -60,7 +60,7 @@ def centre_random_augmentation(x: torch.Tensor, ctx: DiffusionContext, generator
     n_samples = x.shape[0]
     m = ctx.atom_mask.to(x.dtype)[None, :, None]
     sums = torch.cat([(x * m).sum(1).reshape(-1), m.sum().reshape(1)])  # [S·3 + 1]
-    comm.all_reduce_(sums, ctx.layout)
+    comm.all_reduce_(sums, ctx.atom_layout)  # 2d: atoms are replicated over the grid row
     mean = sums[:-1].view(n_samples, 1, 3) / sums[-1].clamp_min(1)
     rot = random_rotations(n_samples, generator, x.device)
     shift = torch.randn((n_samples, 1, 3), generator=generator, device=x.device) * schedule.translation_scale

@@ -18,6 +18,7 @@ from cpbench.models.pairformer import chunking, comm
 from cpbench.models.pairformer.block import PairformerBlock
 from cpbench.models.pairformer.embed import InputEmbedder
 from cpbench.models.pairformer.layout import Layout
+from cpbench.models.pairformer.stage_timer import StageTimer, maybe_stage
 
 
 class PairformerTrunk(nn.Module):
@@ -55,7 +56,8 @@ class PairformerTrunk(nn.Module):
         return s, z
 
     def forward(self, feats: dict[str, torch.Tensor], layout: Layout, recycles: int = 0,
-                run_blocks: int | None = None, checkpointing: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                run_blocks: int | None = None, checkpointing: bool = False,
+                timer: StageTimer | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Args:
             feats: global padded token features (``embed.InputEmbedder``), ``token_mask [N]``.
             recycles: extra trunk passes before the last (no autograd).
@@ -63,22 +65,28 @@ class PairformerTrunk(nn.Module):
             checkpointing: activation checkpointing (autograd only): the block inputs are kept
                 (in the compute dtype), and each op is checkpointed inside the block's
                 recompute, so backward holds one op's activations at a time.
+            timer: times the input embedding (``s_inputs`` and each cycle's pair init) as its
+                ``embedding`` stage.
         Returns:
-            ``s: [N/P, c_s]``, ``z: [N/P, N, c_z]``.
+            ``s: [N/P, c_s]``, ``z: [N/P, N, c_z]``. ``self.s_inputs`` (``[N, c_s]``, detached)
+            keeps the token features for the diffusion module's conditioning.
         """
         token_mask = feats["token_mask"]
         n_pad = token_mask.shape[0]
         rows, cols = layout.rows(n_pad), layout.cols(n_pad)  # 2d: a tile of columns
         dtype = self.recycle_z.weight.dtype
         grad = torch.is_grad_enabled()
-        s_inputs = self.embedder.single_inputs(feats)
+        with maybe_stage(timer, "embedding"):
+            s_inputs = self.embedder.single_inputs(feats)
+        self.s_inputs = s_inputs.detach()
         s = s_inputs.new_zeros((rows.stop - rows.start, s_inputs.shape[1]))
         z = s_inputs.new_zeros((rows.stop - rows.start, cols.stop - cols.start, self.recycle_z.in_features), dtype=dtype)
         blocks = self.blocks[:run_blocks] if run_blocks is not None else self.blocks
         for cycle in range(recycles + 1):
             last = cycle == recycles
             with torch.set_grad_enabled(grad and last):
-                s, z = self._recycle(s_inputs, feats, rows, s.detach(), z.detach() if grad else z, cols)
+                with maybe_stage(timer, "embedding"):
+                    s, z = self._recycle(s_inputs, feats, rows, s.detach(), z.detach() if grad else z, cols)
                 self.block_comm_bytes, self.block_ms = [], []
                 for block in blocks:
                     sent_b, start_s = comm.BYTES.sent_b, now_s(z)
