@@ -217,3 +217,17 @@ def test_slurm_cancelled_job_becomes_a_result_row_and_the_sweep_completes(tmp_pa
     assert f"SLURM job {job_id} CANCELLED" in record["message"]
     assert record["point"]["cp"] == 2 and record["signature"] is None  # resume=true runs it again
     assert "1d cp=2" in (sweep_dir / "cp_benchmark.md").read_text()
+
+
+def test_slurm_point_the_cluster_cannot_hold_becomes_a_row(tmp_path):
+    """cp=4 on the CI node (2 CPUs, one task per rank) pends for ever: cancelled, a row, the report."""
+    sweep_dir = tmp_path / "sweep"
+    out = _finish(_cpbench(["cp=4", "routine=timing", "N=32", *fault_model("none"), f"hydra.sweep.dir={sweep_dir}",
+                            f"report.out={tmp_path / 'report.md'}"], tmp_path), timeout_s=120)
+    record = _result(sweep_dir, 0)
+    job_id = record["slurm"]["job_id"]
+    assert record["status"] == "error" and record["slurm"]["state"] == "PENDING"
+    assert record["slurm"]["reason"] == "PartitionConfig" and "can never start" in record["message"]
+    assert f"SLURM job {job_id} cannot start" in out
+    assert _job_state(job_id) == "CANCELLED"
+    assert "1d cp=4" in (sweep_dir / "cp_benchmark.md").read_text()

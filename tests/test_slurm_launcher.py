@@ -134,3 +134,26 @@ def test_derived_resources_cannot_be_overridden(tmp_path):
     assert f"cpbench: error: hydra.launcher.{key}=3: derived from cp" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not list(scripts.glob("*.sh"))
+
+
+def test_points_sbatch_refuses_become_rows_and_the_others_are_submitted(tmp_path):
+    bin_dir, scripts = _fake_slurm_bin(tmp_path)
+    # This fake cluster refuses any job asking for more than 4 tasks per node.
+    (bin_dir / "sbatch").write_text(
+        "#!/usr/bin/env bash\n"
+        "if grep -q -- '--ntasks-per-node=8' \"$1\"; then\n"
+        "  echo 'sbatch: error: Batch job submission failed: Requested node configuration is not available' >&2\n"
+        "  exit 1\nfi\n" + FAKE_SBATCH.split("\n", 1)[1])
+    sweep_dir = tmp_path / "sweep"
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", FAKE_SBATCH_DIR=str(scripts))
+    proc = subprocess.run(
+        [sys.executable, "-m", "cpbench", "-m", "hydra/launcher=slurm", "cp=4,8", "routine=timing", "N=64",
+         *fault_model("none"), "hydra.launcher.gpus_per_node=8", "hydra.launcher.wait=false",
+         f"hydra.sweep.dir={sweep_dir}", "report.out=null"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    refused = json.loads((sweep_dir / "1" / "result.json").read_text())
+    assert refused["status"] == "error" and refused["point"]["cp"] == 8
+    assert "sbatch refused the job (1 node(s) x 8 task(s), 8 GPUs/node)" in refused["message"]
+    assert "Requested node configuration is not available" in refused["message"]
+    assert [j["cp"] for j in json.loads((sweep_dir / "slurm_jobs.json").read_text())["jobs"]] == [4]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -123,6 +124,22 @@ def submitted_return(s: Submitted) -> JobReturn:
     return ret
 
 
+def refused_return(job, reason: str, submitted_at: float) -> JobReturn:
+    """The row of a point sbatch refused (status ``error``, sbatch's message)."""
+    from cpbench.job import write_unreported
+
+    cfg = task_config(job.config)
+    if cfg.get("device") == "auto":
+        cfg.device = "cuda" if job.resources.gpus_per_node else "cpu"
+    r = job.resources
+    text = (f"sbatch refused the job ({r.nodes} node(s) x {r.tasks_per_node} task(s)"
+            f"{f', {r.gpus_per_node} GPUs/node' if r.gpus_per_node else ''}): {reason}")
+    record = write_unreported(cfg, "error", text, {"slurm": {"job_id": None, "state": "REFUSED", "reason": reason}},
+                              job.out_dir, job.idx, overrides=list(OmegaConf.to_container(job.config.hydra.overrides.task)),
+                              started=submitted_at)
+    return job_return(job.overrides, job.out_dir, record)
+
+
 def write_manifest(path: Path, subs: list[Submitted]) -> None:
     """``slurm_jobs.json``: which SLURM job runs which point; entries of earlier submissions kept."""
     nums = {s.entry["num"] for s in subs}
@@ -149,13 +166,15 @@ def announce(subs: list[Submitted], sweep_dir: Path) -> None:
 
 # ---------------------------------------------------------------------- waiting
 
-def collect(subs: list[Submitted], poll_s: float, total: int) -> dict[int, JobReturn]:
-    """Wait for every job; one JobReturn per job number, each a row (never an exception)."""
+def collect(subs: list[Submitted], poll_s: float, total: int, done: int = 0) -> dict[int, JobReturn]:
+    """Wait for every job; one JobReturn per job number, each a row (never an exception).
+
+    ``total`` jobs in the sweep, ``done`` of them already over (resumed or refused).
+    """
     reader = StateReader()
     pending = {s.entry["num"]: s for s in subs}
     ended_at: dict[int, float] = {}
     returns: dict[int, JobReturn] = {}
-    done = total - len(subs)
     while pending:
         unfinished = [s for s in pending.values() if not Path(s.entry["result_pickle"]).exists()]
         states = reader.states([s.job_id for s in unfinished]) if unfinished else {}
@@ -163,6 +182,8 @@ def collect(subs: list[Submitted], poll_s: float, total: int) -> dict[int, JobRe
             state = states.get(s.job_id)
             if Path(s.entry["result_pickle"]).exists():
                 returns[num] = _from_pickle(s.entry, state)
+            elif state is not None and state.never_starts:
+                returns[num] = _cancel_never_starting(s.entry, state)
             elif _over(state, ended_at.setdefault(num, time.monotonic()) if _is_end(state) else None):
                 returns[num] = _failure(s.entry, state, "")
             else:
@@ -211,6 +232,13 @@ def _from_pickle(entry: dict, state: SlurmState | None) -> JobReturn:
         lines = [ln for ln in str(value).strip().splitlines() if ln.strip()]
         message = lines[-1] if lines else "the job raised"
     return _failure(entry, state or SlurmState(entry["slurm_job_id"]), message)
+
+
+def _cancel_never_starting(entry: dict, state: SlurmState) -> JobReturn:
+    """A job pending for a reason that never clears: cancel it and record why."""
+    log.error("cpbench: SLURM job %s cannot start (pending: %s); cancelling it", entry["slurm_job_id"], state.reason)
+    subprocess.run(["scancel", entry["slurm_job_id"]], capture_output=True, timeout=60)
+    return _failure(entry, state, "")
 
 
 def _fresh_record(entry: dict) -> dict | None:
@@ -278,6 +306,8 @@ def collect_later(sweep_dir: Path, wait: bool, poll_s: float) -> tuple[int, int]
             state = states[e["slurm_job_id"]]
             if Path(e["result_pickle"]).exists():
                 _from_pickle(e, state)
+            elif state.never_starts:
+                _cancel_never_starting(e, state)
             elif _is_end(state):
                 _failure(e, state, "")
             else:

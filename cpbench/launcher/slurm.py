@@ -111,15 +111,16 @@ class GroupedSlurmLauncher(BaseSubmititLauncher):
             else:
                 to_submit.append(job)
 
-        submitted = self._submit(to_submit, sweep_dir) if to_submit else []
-        if to_submit:
+        submitted, refused = self._submit(to_submit, sweep_dir) if to_submit else ([], {})
+        returns.update(refused)
+        if submitted:
             collect.write_manifest(sweep_dir / collect.MANIFEST_FILE, submitted)
         if not self.params.get("wait", True):
             collect.announce(submitted, sweep_dir)
             returns.update({s.job.idx: collect.submitted_return(s) for s in submitted})
         else:
             returns.update(collect.collect(submitted, poll_s=float(self.params.get("poll_s", 5)),
-                                           total=len(planned)))
+                                           total=len(planned), done=len(planned) - len(submitted)))
         return [returns[job.idx] for job in planned]
 
     def _check_params(self) -> None:
@@ -179,7 +180,11 @@ class GroupedSlurmLauncher(BaseSubmititLauncher):
             slurm_additional_parameters=extras)
         return executor
 
-    def _submit(self, planned: list[PlannedJob], sweep_dir: Path) -> list:
+    def _submit(self, planned: list[PlannedJob], sweep_dir: Path) -> tuple[list, dict[int, JobReturn]]:
+        """Submit one array per resource group; a group sbatch refuses becomes rows, not a stop."""
+        from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+        from cpbench.launcher.collect import refused_return
         from cpbench.launcher.collect import submitted as describe_submitted
 
         groups: dict[JobResources, list[PlannedJob]] = defaultdict(list)
@@ -187,7 +192,7 @@ class GroupedSlurmLauncher(BaseSubmititLauncher):
             groups[job.resources].append(job)
         log.info("cpbench: submitting %d SLURM job(s) in %d array(s); sweep dir %s", len(planned),
                  len(groups), sweep_dir)
-        submitted = []
+        submitted, refused = [], {}
         submitted_at = time.time()
         for resources, jobs in groups.items():
             for job in jobs:
@@ -195,10 +200,17 @@ class GroupedSlurmLauncher(BaseSubmititLauncher):
             executor = self._executor(resources)
             args = [(job.overrides, "hydra.sweep.dir", job.idx, f"job_id_for_{job.idx}", Singleton.get_state())
                     for job in jobs]
-            slurm_jobs = executor.map_array(self, *zip(*args))
+            try:
+                slurm_jobs = executor.map_array(self, *zip(*args))
+            except (FailedJobError, FailedSubmissionError) as exc:
+                # e.g. "Requested node configuration is not available": more ranks than a node has.
+                reason = " ".join(str(exc).split())[:300]
+                log.error("cpbench: sbatch refused %d job(s) (cp=%d): %s", len(jobs), resources.cp, reason)
+                refused.update({job.idx: refused_return(job, reason, submitted_at) for job in jobs})
+                continue
             submitted += [describe_submitted(job, sj, submitted_at, self._gpus_per_node())
                           for job, sj in zip(jobs, slurm_jobs)]
-        return sorted(submitted, key=lambda s: s.job.idx)
+        return sorted(submitted, key=lambda s: s.job.idx), refused
 
     # ------------------------------------------------------------------ node side
     def __call__(self, sweep_overrides: list[str], job_dir_key: str, job_num: int, job_id: str,

@@ -18,6 +18,11 @@ log = logging.getLogger("cpbench")
 # States after which the job will not run again (REQUEUED/PREEMPTED jobs come back PENDING).
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                       "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
+# Pending reasons that will not clear by waiting: the request exceeds what the partition or
+# the cluster has (SLURM accepts such jobs unless EnforcePartLimits is set). The controller
+# cancels these jobs and records why.
+NEVER_STARTS = frozenset({"PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints",
+                          "InvalidAccount", "InvalidQOS"})
 # What each terminal state means for the point (cpbench's status; the state stays in the record).
 STATUS_OF_STATE = {"TIMEOUT": "timeout", "DEADLINE": "timeout"}
 CAUSE_OF_STATE = {
@@ -31,6 +36,7 @@ CAUSE_OF_STATE = {
     "PREEMPTED": "the job was preempted and not requeued",
     "COMPLETED": "the job completed without a result",
     "GONE": "SLURM no longer knows the job",
+    "PENDING": "the job can never start as requested; cancelled (more ranks, nodes or time than the partition allows?)",
 }
 
 
@@ -47,6 +53,11 @@ class SlurmState:
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL
+
+    @property
+    def never_starts(self) -> bool:
+        """Pending for a reason waiting will not clear (see ``NEVER_STARTS``)."""
+        return self.state == "PENDING" and self.reason in NEVER_STARTS
 
     def as_record(self) -> dict:
         return {"job_id": self.job_id, "state": self.state, "reason": self.reason,
