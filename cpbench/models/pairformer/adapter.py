@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from cpbench.data.sharding import pad_features
-from cpbench.data.synthetic import make_synthetic_features
+from cpbench.data.synthetic import MSA_KEYS, make_synthetic_features
 from cpbench.models.pairformer import comm
 from cpbench.models.pairformer.diffusion import BOLTZ2_SIZES, DiffusionModule
 from cpbench.models.pairformer.layout import Layout, layout_from_mesh
@@ -70,12 +70,15 @@ class PairformerAdapter:
     def __init__(self, c_s: int = 384, c_z: int = 128, blocks: int = 64, heads_single: int = 16,
                  heads_tri: int = 4, head_dim_tri: int = 32, transition_factor: int = 4,
                  dtype: str = "bf16", recycles: int = 0, checkpointing: bool = False, lr: float = 1e-4,
-                 sampling: bool = False, sampling_steps: int = 200, samples: int = 5,
-                 diffusion: dict | None = None) -> None:
+                 c_atom: int = 128, c_atompair: int = 16, atom_blocks: int = 3, atom_heads: int = 4,
+                 c_m: int = 64, msa_blocks: int = 4, sampling: bool = False, sampling_steps: int = 200,
+                 samples: int = 5, diffusion: dict | None = None) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r}: allowed {sorted(DTYPES)}")
         self.sizes = dict(c_s=c_s, c_z=c_z, blocks=blocks, heads_single=heads_single, heads_tri=heads_tri,
                           head_dim_tri=head_dim_tri, transition_factor=transition_factor)
+        self.sizes.update(c_atom=c_atom, c_atompair=c_atompair, atom_blocks=atom_blocks, atom_heads=atom_heads,
+                          c_m=c_m, msa_blocks=msa_blocks)  # atom encoder, MSA module
         self.dtype = DTYPES[dtype]
         self.recycles, self.checkpointing, self.lr = int(recycles), bool(checkpointing), float(lr)
         # Diffusion sampling after the trunk (inference only; ``diffusion.DiffusionModule`` sizes).
@@ -98,11 +101,16 @@ class PairformerAdapter:
         return model
 
     def build_batch(self, N: int, n_atoms: int, S: int, mesh: Any, device: torch.device) -> dict[str, torch.Tensor]:
-        """Global synthetic features, padded to a multiple of the CP size (``padding.padding_unit``)."""
+        """Global synthetic features, padded to a multiple of the CP size (``padding.padding_unit``);
+        of the O(S·N) MSA features (``msa``, ``has_deletion``, ``deletion_value``, ``msa_mask``)
+        each rank keeps only its own token columns, ``[S, N/P]``."""
         layout = layout_from_mesh(mesh)
         generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,))))
         feats = make_synthetic_features(N, n_atoms, S, generator)
         padded, _ = pad_features(feats, units=layout.units, token_multiple=padding_unit(layout.units, torch.device(device)))
+        cols = layout.rows(padded["token_mask"].shape[0])
+        for key in MSA_KEYS:
+            padded[key] = padded[key][:, cols].contiguous()
         return {k: v.to(device) for k, v in padded.items()}
 
     def run_step(self, model: nn.Module, batch: dict[str, torch.Tensor], train: bool,

@@ -115,7 +115,8 @@ class AtomAttentionEncoder(nn.Module):
         self.pair_mlp = nn.Sequential(
             nn.ReLU(), nn.Linear(c_atompair, c_atompair, bias=False), nn.ReLU(),
             nn.Linear(c_atompair, c_atompair, bias=False), nn.ReLU(), nn.Linear(c_atompair, c_atompair, bias=False))
-        self.pair_norm = nn.LayerNorm(c_atompair)
+        # No LayerNorm bias: it would add one constant per head to all logits (a softmax no-op).
+        self.pair_norm = nn.LayerNorm(c_atompair, bias=False)
         self.pair_bias = nn.Linear(c_atompair, max(1, blocks) * heads, bias=False)
         self.blocks = nn.ModuleList(AtomTransformerBlock(c_atom, heads, transition_factor) for _ in range(blocks))
         self.to_token = nn.Linear(c_atom, c_token, bias=False)

@@ -107,6 +107,9 @@ class MsaModule(nn.Module):
 
     def forward(self, feats: dict[str, torch.Tensor], s_inputs: torch.Tensor, z: torch.Tensor,
                 layout: Layout) -> torch.Tensor:
+        if layout.kind not in ("serial", "1d"):
+            raise ValueError(f"topology={layout.kind}: the MSA module runs under topology=1d only so far; "
+                             "set model.msa_blocks=0 to benchmark without it")
         token_mask = feats["token_mask"]
         m, msa_mask = self.embed(feats, s_inputs, layout)
         for block in self.blocks:

@@ -6,7 +6,9 @@ rows i: it is all-gathered along the token axis (``comm``; counted in ``comm.BYT
 autograd in one piece (``all_gather_rows``, backward a reduce-scatter); without autograd in
 chunks, ``(S-chunk, column-chunk)`` at a time: every rank sends columns ``js`` of its shard and
 receives columns ``r*N/P + js`` of every rank r, so no ``[S, N, ·]`` buffer lives on a rank and
-the total volume is the same as one gather, ``(P-1)·|x_local|``.
+the total volume is the same as one gather, ``(P-1)·|x_local|``. Those loops issue collectives,
+so their chunk sizes derive from one budget the ranks agree on (``comm.agree_min``, one small
+all-reduce per call): free memory differs slightly between GPUs.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ class OuterProductMean(nn.Module):
         accumulator is ``[N/P, c, P, cj, c]`` for ``cj`` columns per rank, never ``[N/P, N, c²]``."""
         n, _, c_z = z.shape
         p, c, s_total, es = _ranks(layout), self.c_opm, m.shape[0], z.element_size()
-        budget_b = chunking.budget_bytes(z)
+        budget_b = comm.agree_min(chunking.budget_bytes(z), layout, z.device)
         cj = chunking.rows_per_chunk(n, n * p * (2 * c * c + 2 * c_z) * es, budget_b // 2)
         z_cols = z.view(n, p, n, c_z)  # column block r of rank r's rows
         for js in chunking.slices(n, cj):
@@ -119,7 +121,8 @@ class PairWeightedAveraging(nn.Module):
         self.norm_m = nn.LayerNorm(c_m)
         self.proj_v = nn.Linear(c_m, heads * head_dim, bias=False)
         self.proj_g = nn.Linear(c_m, heads * head_dim, bias=False)
-        self.norm_z = nn.LayerNorm(c_z)
+        # No LayerNorm bias: W_b·beta would shift every logit of a row alike (a softmax no-op).
+        self.norm_z = nn.LayerNorm(c_z, bias=False)
         self.proj_w = nn.Linear(c_z, heads, bias=False)
         self.out = nn.Linear(heads * head_dim, c_m, bias=False)
 
@@ -143,7 +146,7 @@ class PairWeightedAveraging(nn.Module):
         """Weights ``[N/P, N, h]`` once (row chunks); then S chunks, each gathering v in column chunks."""
         s_total, n, c_m = m.shape
         p, h, d, es = _ranks(layout), self.heads, self.head_dim, z.element_size()
-        budget_b = chunking.budget_bytes(z)
+        budget_b = comm.agree_min(chunking.budget_bytes(z), layout, z.device)
         w = z.new_empty((n, z.shape[1], h))
         rc = chunking.rows_per_chunk(n, z.shape[1] * (2 * z.shape[2] + 2 * h) * es, budget_b)
         for rs in chunking.slices(n, rc):

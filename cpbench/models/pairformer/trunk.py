@@ -15,9 +15,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from cpbench.models.pairformer import chunking, comm
+from cpbench.models.pairformer.atom_encoder import AtomAttentionEncoder
 from cpbench.models.pairformer.block import PairformerBlock
 from cpbench.models.pairformer.embed import InputEmbedder
 from cpbench.models.pairformer.layout import Layout
+from cpbench.models.pairformer.msa_module import MsaModule
 from cpbench.models.pairformer.stage_timer import StageTimer, maybe_stage
 
 
@@ -29,9 +31,15 @@ class PairformerTrunk(nn.Module):
     """
 
     def __init__(self, c_s: int, c_z: int, blocks: int, heads_single: int, heads_tri: int,
-                 head_dim_tri: int, transition_factor: int) -> None:
+                 head_dim_tri: int, transition_factor: int, c_atom: int = 128, c_atompair: int = 16,
+                 atom_blocks: int = 3, atom_heads: int = 4, c_m: int = 64, msa_blocks: int = 4) -> None:
         super().__init__()
         self.embedder = InputEmbedder(c_s, c_z)
+        # Input embedding (AF3 Alg. 2): the atom encoder adds to s_inputs once per forward; the
+        # MSA module adds to z in every recycling cycle, before the Pairformer blocks (Alg. 1).
+        self.atom_encoder = AtomAttentionEncoder(c_atom, c_atompair, c_s, atom_blocks, atom_heads)
+        self.msa_module = (MsaModule(c_m, c_z, c_s, msa_blocks, heads_tri, head_dim_tri, transition_factor)
+                           if msa_blocks else None)
         self.recycle_norm_s = nn.LayerNorm(c_s)
         self.recycle_s = nn.Linear(c_s, c_s, bias=False)
         self.recycle_norm_z = nn.LayerNorm(c_z)
@@ -77,7 +85,7 @@ class PairformerTrunk(nn.Module):
         dtype = self.recycle_z.weight.dtype
         grad = torch.is_grad_enabled()
         with maybe_stage(timer, "embedding"):
-            s_inputs = self.embedder.single_inputs(feats)
+            s_inputs = self.embedder.single_inputs(feats) + self.atom_encoder(feats, layout.single_axis())
         self.s_inputs = s_inputs.detach()
         s = s_inputs.new_zeros((rows.stop - rows.start, s_inputs.shape[1]))
         z = s_inputs.new_zeros((rows.stop - rows.start, cols.stop - cols.start, self.recycle_z.in_features), dtype=dtype)
@@ -87,6 +95,8 @@ class PairformerTrunk(nn.Module):
             with torch.set_grad_enabled(grad and last):
                 with maybe_stage(timer, "embedding"):
                     s, z = self._recycle(s_inputs, feats, rows, s.detach(), z.detach() if grad else z, cols)
+                if self.msa_module is not None:
+                    z = self.msa_module(feats, s_inputs, z, layout)
                 self.block_comm_bytes, self.block_ms = [], []
                 for block in blocks:
                     sent_b, start_s = comm.BYTES.sent_b, now_s(z)
