@@ -153,10 +153,11 @@ def transpose_pair(z: torch.Tensor, layout: Layout) -> torch.Tensor:
     if not layout.sharded:
         return z.transpose(0, 1)
     if layout.kind == "2d":  # tile [N/cp0, N/cp1, c]: point-to-point grid transpose (grid.py)
-        from cpbench.models.pairformer.grid import transpose_tiles  # grid.py imports this module
+        from cpbench.models.pairformer.grid import transpose_tiles, transpose_tiles_  # grid.py imports us
 
-        zt = transpose_tiles(z, layout.grid, dim=0)
-        return zt if torch.is_grad_enabled() else z.copy_(zt)
+        if torch.is_grad_enabled():
+            return transpose_tiles(z, layout.grid, dim=0)
+        return transpose_tiles_(z, layout.grid, layout.group)  # in place, in channel chunks
     if torch.is_grad_enabled():
         return _TransposePair.apply(z, layout)
     return z.copy_(_transpose_1d(z, layout))

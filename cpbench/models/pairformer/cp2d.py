@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from cpbench.models.pairformer import chunking, comm
 from cpbench.models.pairformer.grid import Grid, RingWalk, transpose_tiles
+from cpbench.models.pairformer.grid import agreed_chunk as grid_agreed_chunk
 from cpbench.models.pairformer.layout import ONE_D, Layout
 from cpbench.models.pairformer.padding import key_bias
 
@@ -43,13 +44,8 @@ def _axis_layout(grid: Grid, along_row: bool) -> Layout:
 
 
 def agreed_chunk(n: int, like: torch.Tensor, layout: Layout) -> int:
-    """The smallest of every rank's chunk size ``n``: ring steps pair ranks up, so every rank
-    must run the same number of chunks (on CUDA budgets come from each rank's free memory)."""
-    if not like.is_cuda:
-        return n  # CPU budgets depend on shapes only: equal on every rank
-    t = torch.tensor([n], device=like.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=layout.group)
-    return int(t.item())
+    """``grid.agreed_chunk`` over the layout's whole group: the chunk count every rank runs."""
+    return grid_agreed_chunk(n, like, layout.group)
 
 
 # ---------------------------------------------------------------------------------------------

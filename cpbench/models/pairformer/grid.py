@@ -35,7 +35,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from cpbench.models.pairformer import comm
+from cpbench.models.pairformer import chunking, comm
 
 _TAG_SKEW, _TAG_RO, _TAG_ACC = 1, 2, 3
 
@@ -128,12 +128,21 @@ def permute(t: torch.Tensor, send_to: int, recv_from: int, tag: int = _TAG_SKEW)
     return out
 
 
-def _transpose_tiles(t: torch.Tensor, grid: Grid, dim: int) -> torch.Tensor:
-    """Tile of ``X^T`` from the tile ``t`` of ``X`` (token dims ``dim``, ``dim + 1``)."""
+def _transpose_into(out: torch.Tensor, t: torch.Tensor, grid: Grid, dim: int) -> torch.Tensor:
+    """``out`` <- tile of ``X^T`` from the tile ``t`` of ``X`` (token dims ``dim``, ``dim + 1``).
+
+    ``out`` may be ``t`` itself: every outgoing piece is copied out before anything is written.
+    """
     p, q = grid.cp0, grid.cp1
     n_pad = t.shape[dim] * p
     rows, cols = grid.rows(n_pad), grid.cols(n_pad)
-    out = torch.empty_like(t, memory_format=torch.contiguous_format)
+
+    def region(x: torch.Tensor, r: slice, c: slice) -> torch.Tensor:
+        return x.narrow(dim, r.start, r.stop - r.start).narrow(dim + 1, c.start, c.stop - c.start)
+
+    def local(x: slice, origin: slice) -> slice:
+        return slice(x.start - origin.start, x.stop - origin.start)
+
     sends, recvs, places = [], [], []
     for a2 in range(p):
         for b2 in range(q):
@@ -142,26 +151,56 @@ def _transpose_tiles(t: torch.Tensor, grid: Grid, dim: int) -> torch.Tensor:
             # Mine -> peer: X[R_a ∩ C_b2, C_b ∩ R_a2], transposed, lands at peer rows C_b ∩ R_a2.
             rs, cs = _overlap(rows, peer_cols), _overlap(cols, peer_rows)
             if rs is not None and cs is not None:
-                piece = t.narrow(dim, rs.start - rows.start, rs.stop - rs.start)
-                piece = piece.narrow(dim + 1, cs.start - cols.start, cs.stop - cs.start)
-                piece = piece.transpose(dim, dim + 1)
+                piece = region(t, local(rs, rows), local(cs, cols)).transpose(dim, dim + 1)
+                piece = piece.clone(memory_format=torch.contiguous_format)
                 if peer == grid.me:
-                    out.narrow(dim, cs.start - rows.start, cs.stop - cs.start).narrow(
-                        dim + 1, rs.start - cols.start, rs.stop - rs.start).copy_(piece)
+                    places.append((region(out, local(cs, rows), local(rs, cols)), piece))
                 else:
-                    sends.append((peer, piece.contiguous()))
+                    sends.append((peer, piece))
             # Peer -> mine: X[R_a2 ∩ C_b, C_b2 ∩ R_a] transposed, at my rows C_b2 ∩ R_a, cols R_a2 ∩ C_b.
             my_r, my_c = _overlap(peer_cols, rows), _overlap(peer_rows, cols)
             if peer != grid.me and my_r is not None and my_c is not None:
-                dst = out.narrow(dim, my_r.start - rows.start, my_r.stop - my_r.start).narrow(
-                    dim + 1, my_c.start - cols.start, my_c.stop - my_c.start)
-                buf = torch.empty(dst.shape, dtype=t.dtype, device=t.device)
-                recvs.append((peer, buf))
-                places.append((dst, buf))
+                dst = region(out, local(my_r, rows), local(my_c, cols))
+                if dst.is_contiguous():  # square grids: the whole tile, received in place
+                    recvs.append((peer, dst))
+                else:
+                    buf = torch.empty(dst.shape, dtype=t.dtype, device=t.device)
+                    recvs.append((peer, buf))
+                    places.append((dst, buf))
     _wait(_exchange(sends, recvs, _TAG_SKEW))
     for dst, buf in places:
         dst.copy_(buf)
     return out
+
+
+def _transpose_tiles(t: torch.Tensor, grid: Grid, dim: int) -> torch.Tensor:
+    return _transpose_into(torch.empty_like(t, memory_format=torch.contiguous_format), t, grid, dim)
+
+
+def agreed_chunk(n: int, like: torch.Tensor, group: Any) -> int:
+    """The smallest of every rank's chunk size ``n``: point-to-point steps pair ranks up, so
+    every rank must cut its work the same way (on CUDA budgets come from each rank's free
+    memory; on CPU they depend on shapes only)."""
+    if not like.is_cuda:
+        return n
+    t = torch.tensor([n], device=like.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+    return int(t.item())
+
+
+def transpose_tiles_(z: torch.Tensor, grid: Grid, group: Any) -> torch.Tensor:
+    """In-place ``transpose_tiles`` of a pair tile ``z: [N/cp0, N/cp1, c]`` without autograd,
+    in channel chunks so that only two chunk-sized buffers are transient."""
+    c = z.shape[-1]
+    per_channel_b = 2 * z.numel() // c * z.element_size()
+    ck = chunking.divisor_chunk(c, per_channel_b, chunking.budget_bytes(z))
+    ck = agreed_chunk(ck, z, group)
+    while c % ck:  # the agreed minimum divides c only if it is one of ours
+        ck -= 1
+    for cs in chunking.slices(c, ck):
+        view = z[..., cs]
+        _transpose_into(view, view, grid, 0)
+    return z
 
 
 class _TransposeTiles(torch.autograd.Function):
