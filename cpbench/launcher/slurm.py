@@ -46,7 +46,6 @@ OWN_KEYS = ("gpus_per_node", "wait", "poll_s", "sigterm_grace_s")
 DERIVED_KEYS = ("nodes", "tasks_per_node")
 # submitit's generic (executor-independent) parameters; every other key is a slurm_ one.
 GENERIC_KEYS = frozenset(OmegaConf.structured(BaseQueueConf).keys()) - {"submitit_folder"}
-AUTO_CP_ON_CPU = 2  # cp=auto on a CPU cluster, as locally (cpbench.config.AUTO_CP_ON_CPU)
 
 
 class LauncherConfigError(ValueError):
@@ -147,9 +146,11 @@ class GroupedSlurmLauncher(BaseSubmititLauncher):
         gpus_per_node = self._gpus_per_node()
         cp = config.get("cp")
         if cp == "auto":
+            from cpbench.config import AUTO_CP_ON_CPU
+
             # The job cannot count GPUs before it has them: auto means one full node here.
             cp = gpus_per_node or AUTO_CP_ON_CPU
-            overrides = overrides + [f"cp={cp}"]
+            overrides = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != "cp"] + [f"cp={cp}"]
             config = loader.load_sweep_config(self.config, overrides)
         if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1:
             raise LauncherConfigError(f"cp={cp}: a positive integer or auto (under hydra/launcher=slurm)")
