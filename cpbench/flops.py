@@ -8,12 +8,18 @@ Counts follow the AF3 / Boltz-2 Pairformer block (AF3 Algorithms 11-15, 24) at t
   (nanoGPT, PaLM). LayerNorm, gating, softmax and other element-wise work is left out: it is
   bandwidth-bound and well under 1 % of the matmul FLOPs at N >= 256.
 * ``N`` is the real token count, not the padded one: padding is overhead, not useful work.
-* Only the trunk blocks are counted, not the input embedder or a diffusion sampler (both are
-  O(N^2 c) or O(N_atoms), small next to the O(N^3) triangle ops at benchmark sizes).
+* Only the Pairformer blocks are counted, not the input embedder, the MSA module, the atom
+  encoder or a diffusion sampler: MFU is the Pairformer's, and the other stages are reported
+  as their own stage times where the adapter measures them.
 * A step runs ``recycles + 1`` trunk passes (Boltz convention: the recycling passes plus the
   final one). Training: the ``recycles`` no-grad passes cost 1x forward each; the gradient pass
-  costs 3x forward (forward + backward at 2x), plus 1x forward more with per-block activation
-  checkpointing, which recomputes each block's forward during backward (4x in all).
+  costs 3x forward (forward + backward at 2x: the model FLOPs, the MFU convention of PaLM and
+  nanoGPT). Activation checkpointing recomputes on top of that, which MFU does not count: the
+  reference trunk checkpoints nested (``trunk.py``, ``block.py``), each block recomputed in
+  backward and each op inside that recompute recomputed once more, so
+  ``RECOMPUTE_PASSES = 2`` and the hardware executes 5x forward per checkpointed gradient pass
+  (``step_flops(...)["hardware"]``; ``tests/test_flops.py`` checks the recompute against torch's
+  FLOP counter). Attention backward is counted at 2x its forward, as for any matmul.
 
 Example::
 
@@ -37,6 +43,9 @@ PEAK_TFLOPS = {
     ("H200", "bf16"): (774.0, "H200 bf16 measured 774 TFLOP/s dense 8192^3 matmul "
                               "(/work/shared/gpu/README.md, 2026-11-30)"),
 }
+
+# Forward recomputes per gradient pass under the reference trunk's nested checkpointing.
+RECOMPUTE_PASSES = 2
 
 BLOCK_OPS = ("triangle_mult_out", "triangle_mult_in", "triangle_att_start", "triangle_att_end",
              "pair_transition", "single_att_pair_bias", "single_transition")
@@ -98,23 +107,29 @@ def block_flops(n_tokens: int, sizes: PairformerSizes) -> dict[str, float]:
 
 
 def step_flops(n_tokens: int, sizes: PairformerSizes, *, train: bool, recycles: int = 0,
-               checkpointing: bool = False) -> dict[str, float | str]:
-    """FLOPs of one benchmark step of the whole trunk (``sizes.blocks`` blocks).
+               checkpointing: bool = False, recompute_passes: int = RECOMPUTE_PASSES) -> dict[str, float | str]:
+    """FLOPs of one benchmark step of the Pairformer (``sizes.blocks`` blocks per pass).
+
+    Args:
+        recompute_passes: forward recomputes per gradient pass with ``checkpointing``.
 
     Returns:
-        ``{"forward": one trunk pass, "step": the whole step, "multiplier": step/forward,
-        "basis": a one-line statement of what the multiplier counts}``.
+        ``{"forward": one trunk pass, "step": the step's model FLOPs (MFU), "hardware": with
+        checkpoint recomputes, "multiplier": step/forward, "basis": one line saying what is
+        counted}``.
     """
     forward = sizes.blocks * block_flops(n_tokens, sizes)["block"]
     if train:
-        grad_pass = 4.0 if checkpointing else 3.0
-        multiplier = recycles + grad_pass
+        multiplier = recycles + 3.0
+        recompute = recompute_passes if checkpointing else 0
         basis = (f"training: {recycles} no-grad recycle pass(es) + forward/backward 3x"
-                 + (" + 1x recompute (activation checkpointing)" if checkpointing else ""))
+                 + (f" (activation checkpointing recomputes {recompute}x more, nested block then op: "
+                    f"not in MFU)" if checkpointing else ""))
     else:
-        multiplier = recycles + 1.0
+        multiplier, recompute = recycles + 1.0, 0
         basis = f"inference: {recycles + 1} trunk pass(es) of {sizes.blocks} blocks"
-    return {"forward": forward, "step": forward * multiplier, "multiplier": multiplier, "basis": basis}
+    return {"forward": forward, "step": forward * multiplier, "hardware": forward * (multiplier + recompute),
+            "multiplier": multiplier, "basis": basis}
 
 
 def is_reference_trunk(model_cfg: dict[str, Any] | None) -> bool:
