@@ -229,9 +229,14 @@ class GroupedSlurmLauncher(BaseSubmititLauncher):
             job.id = env.job_id
             job.num = job_num
         if env.global_rank != 0:
-            # Rank 0 owns the job's files (.hydra/, result.json): the others would race it.
+            # Rank 0 owns the job's files (.hydra/, result.json, <job>.log): the others would
+            # race it, so they keep no .hydra/ and log to <job>_rank<r>.log.
             with open_dict(sweep_config.hydra):
                 sweep_config.hydra.output_subdir = None
+                handler = OmegaConf.select(sweep_config, "hydra.job_logging.handlers.file")
+                log_file = OmegaConf.to_container(handler, resolve=False).get("filename") if handler else None
+                if isinstance(log_file, str) and log_file.endswith(".log"):
+                    handler.filename = f"{log_file[:-len('.log')]}_rank{env.global_rank}.log"
         return run_job(hydra_context=self.hydra_context, task_function=self.task_function,
                        config=sweep_config, job_dir_key=job_dir_key, job_subdir_key="hydra.sweep.subdir")
 
