@@ -38,9 +38,10 @@ log = logging.getLogger("cpbench")
 
 MANIFEST_FILE = "slurm_jobs.json"
 # After SLURM says a job ended on its own, how long its result pickle may take to appear
-# (shared file systems). A job SLURM killed (TIMEOUT, CANCELLED, ...) wrote none: no wait.
+# (shared file systems), and how long a PREEMPTED job may take to come back PENDING when the
+# cluster requeues it. A job SLURM killed (TIMEOUT, CANCELLED, ...) wrote none: no wait.
 RESULT_GRACE_S = 15.0
-ENDED_ON_ITS_OWN = frozenset({"COMPLETED", "FAILED"})
+GRACE_STATES = frozenset({"COMPLETED", "FAILED", "PREEMPTED"})
 
 
 @dataclass
@@ -187,6 +188,8 @@ def collect(subs: list[Submitted], poll_s: float, total: int, done: int = 0) -> 
             elif _over(state, ended_at.setdefault(num, time.monotonic()) if _is_end(state) else None):
                 returns[num] = _failure(s.entry, state, "")
             else:
+                if not _is_end(state):
+                    ended_at.pop(num, None)  # requeued: running or pending again
                 continue
             done += 1
             del pending[num]
@@ -206,7 +209,7 @@ def _over(state: SlurmState | None, ended_since: float | None) -> bool:
     """Ended, and past the grace for a result pickle that a job ending on its own may still write."""
     if ended_since is None or state is None:
         return False
-    return state.state not in ENDED_ON_ITS_OWN or time.monotonic() - ended_since >= RESULT_GRACE_S
+    return state.state not in GRACE_STATES or time.monotonic() - ended_since >= RESULT_GRACE_S
 
 
 def _one_line(record: dict) -> str:
@@ -295,26 +298,33 @@ def _probe_progress(out_dir: Path) -> dict:
 # ---------------------------------------------------------------------- later (wait=false)
 
 def collect_later(sweep_dir: Path, wait: bool, poll_s: float) -> tuple[int, int]:
-    """Rows for the manifest's jobs that SLURM ended without one; returns (over, still running)."""
+    """Rows for the manifest's jobs that SLURM ended without one; returns (over, still running).
+
+    Without ``wait`` it still waits out the grace of jobs that just ended (``GRACE_STATES``).
+    """
     entries = read_manifest(sweep_dir / MANIFEST_FILE)
     reader = StateReader()
+    ended_at: dict[str, float] = {}
     while True:
         todo = [e for e in entries if _fresh_record(e) is None]
         states = reader.states([e["slurm_job_id"] for e in todo]) if todo else {}
-        running = []
+        running, settling = [], []
         for e in todo:
-            state = states[e["slurm_job_id"]]
+            jid, state = e["slurm_job_id"], states[e["slurm_job_id"]]
             if Path(e["result_pickle"]).exists():
                 _from_pickle(e, state)
             elif state.never_starts:
                 _cancel_never_starting(e, state)
-            elif _is_end(state):
+            elif _over(state, ended_at.setdefault(jid, time.monotonic()) if _is_end(state) else None):
                 _failure(e, state, "")
+            elif _is_end(state):
+                settling.append(e)
             else:
+                ended_at.pop(jid, None)
                 running.append(e)
-        if not running or not wait:
+        if not settling and (not running or not wait):
             return len(entries) - len(running), len(running)
-        time.sleep(poll_s)
+        time.sleep(min(poll_s, 1.0) if settling else poll_s)
 
 
 def main(argv: list[str] | None = None) -> int:

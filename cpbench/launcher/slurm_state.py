@@ -15,9 +15,11 @@ from dataclasses import dataclass
 
 log = logging.getLogger("cpbench")
 
-# States after which the job will not run again (REQUEUED/PREEMPTED jobs come back PENDING).
+# States after which the job will not run again. PREEMPTED is one only when the cluster does
+# not requeue preempted jobs (a requeued one comes back PENDING within seconds: the collector
+# waits a grace period before it believes PREEMPTED).
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-                      "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
+                      "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED", "PREEMPTED"})
 # Pending reasons that will not clear by waiting: the request exceeds what the partition or
 # the cluster has (SLURM accepts such jobs unless EnforcePartLimits is set). The controller
 # cancels these jobs and records why.
