@@ -146,8 +146,8 @@ def test_slurm_multirun_cp_1_2_writes_a_result_per_point_and_the_report(tmp_path
 
 @pytest.mark.parametrize("interrupt", [
     ["scontrol", "requeue"],                      # an operator's requeue: SIGTERM, then SLURM requeues
-    ["scancel", "--signal=USR2"],                 # the preemption/time-limit signal: submitit checkpoints, requeues
-], ids=["scontrol_requeue", "submitit_preemption_signal"])
+    ["scancel", "--signal=USR2"],                 # the time-limit signal: submitit checkpoints, requeues
+], ids=["scontrol_requeue", "submitit_timeout_signal"])
 def test_slurm_requeued_probe_continues_from_its_saved_points(tmp_path, interrupt):
     """Interrupting the running probe requeues it; the requeued job measures only what is left."""
     sweep_dir = tmp_path / "sweep"
@@ -168,7 +168,7 @@ def test_slurm_requeued_probe_continues_from_its_saved_points(tmp_path, interrup
 
         before = _wait_for(first_point, 90, "the first probe point")
         subprocess.run([*interrupt, job_id], check=True, timeout=30)
-        _wait_for(lambda: _release_requeued(job_id), 60, "the requeued job to run again")
+        _wait_for(lambda: _release_requeued(job_id), 120, "the requeued job to run again")
     except BaseException:
         proc.kill()
         raise
