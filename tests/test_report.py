@@ -1,0 +1,160 @@
+"""The aggregated report, built from real result files of CPU runs.
+
+Two real sweeps feed it: the session's timing multirun of the tiny reference trunk
+(``timing_multirun`` in conftest.py: 8 ok timing points), and a module-scoped probe sweep of a
+test adapter whose per-rank memory is a real ``[N/cp, N, 64]`` float32 allocation under a CPU
+memory cap (a probe with a max N, a first failing N, and a timing point that runs out of
+memory). The tiny trunk's CPU peaks at test-sized N are a few MiB of resident set, below what
+a quadratic fit can resolve; the growing adapter gives the memory model a real N² signal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from cpbench.memory_model import fit_peak_memory, fitting_points
+from cpbench.report import build_report
+from cpbench.results import iter_results
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+HEADER = "| N_tokens | N_atoms | MSA_seq | CP config | peak_mem (GiB) | walltime (ms) |"
+SECTIONS = ("# CP benchmark", "## Run metadata", "## Results", "## Plots", "## Readout", "## Memory model", "## FLOPs")
+# Relative error allowed when the memory model predicts a held-back probe point's peak: the CPU
+# peak is a resident-set measurement, a few MiB noisy, of a ~0.1-0.2 GiB allocation.
+HELD_BACK_TOLERANCE = 0.15
+OOM_N = 1024  # 1024 x 1024 x 64 float32 = 0.25 GiB: more than the cap leaves
+
+
+def _python_m(module: str, args: list[str], cwd: Path, timeout_s: float) -> subprocess.CompletedProcess:
+    env = os.environ.copy()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout_s, env=env)
+
+
+@pytest.fixture(scope="module")
+def probe_sweep(tmp_path_factory) -> Path:
+    """A real multirun: the probe of the growing test adapter under a 0.25 GiB cap, and a
+    timing point at N=1024 that runs out of memory. The multirun's end callback writes the
+    report into the sweep dir and into ``docs/cp_benchmark.md`` of the launch dir."""
+    launch = tmp_path_factory.mktemp("report_probe")
+    proc = _python_m("cpbench", [
+        "-m", "routine=probe,timing", f"N={OOM_N}", "cp=1", "device=cpu", "model=adapter",
+        "model._target_=tests.adapters.faults.GrowingAdapter", "memory.limit_gib=0.25",
+        "probe.start=128", "probe.granularity=128", "timing.timeout_s=120", "probe.timeout_s=120",
+        f"hydra.sweep.dir={launch / 'sweep'}", "report.out=docs/cp_benchmark.md"], cwd=launch, timeout_s=420)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return launch
+
+
+def _records(root: Path) -> dict[str, dict]:
+    return {str(path.relative_to(root)): rec for path, rec in iter_results(root)}
+
+
+def _linked_images(markdown: str) -> list[str]:
+    return re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)
+
+
+def test_multirun_end_writes_report_with_max_fit_and_oom_rows(probe_sweep):
+    sweep, docs = probe_sweep / "sweep", probe_sweep / "docs"
+    records = _records(sweep)
+    probe = next(r for r in records.values() if r["routine"] == "probe")
+    timing = next(r for r in records.values() if r["routine"] == "timing")
+    assert probe["status"] == "ok" and probe["max_n"] and probe["first_fail_n"] > probe["max_n"]
+    assert timing["status"] == "oom"
+    for md_path in (sweep / "cp_benchmark.md", docs / "cp_benchmark.md"):
+        text = md_path.read_text()
+        assert all(section in text for section in SECTIONS)
+        assert HEADER in text
+        cause = probe["first_fail_status"].upper()
+        assert re.search(rf"\| max-fit {probe['max_n']} \|.*\| 1d cp=1 \| [0-9.]+ \({cause}@{probe['first_fail_n']}\) \|",
+                         text)
+        assert re.search(rf"\| {OOM_N} \|.*\| 1d cp=1 \| .*\| oom \|", text)
+        images = _linked_images(text)
+        assert "cp_benchmark_max_n.png" in images and "cp_benchmark_memory.png" in images
+        assert all((md_path.parent / image).is_file() for image in images)  # links valid where it lies
+        assert "Walltime vs N: not drawn" in text  # no ok timing point here: said, not drawn
+        assert (md_path.with_suffix(".csv")).is_file()
+
+
+def test_memory_model_predicts_a_held_back_probe_point(probe_sweep):
+    probe = next(r for r in _records(probe_sweep / "sweep").values() if r["routine"] == "probe")
+    ns, peaks = fitting_points(probe["points"])
+    assert len(ns) >= 4, probe["points"]
+    held = len(ns) - 2  # the second-largest point that fit: inside the range, with a clear N² signal
+    fit = fit_peak_memory(ns[:held] + ns[held + 1:], peaks[:held] + peaks[held + 1:], cp=1)
+    predicted = fit.predict_gib(ns[held])
+    assert predicted == pytest.approx(peaks[held], rel=HELD_BACK_TOLERANCE), (ns, peaks, fit.describe())
+
+
+def test_cli_rebuilds_report_from_json_alone_with_every_failed_row(probe_sweep, tmp_path):
+    # Only the result.json files (no multirun.yaml, no .hydra), plus rows for outcomes a CPU test
+    # cannot produce in its budget, derived from the real records.
+    real = _records(probe_sweep / "sweep")
+    for rel, rec in real.items():
+        (tmp_path / "results" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "results" / rel).write_text(json.dumps(rec))
+    timing = next(r for r in real.values() if r["routine"] == "timing")
+    for status, cp in (("insufficient_gpus", 8), ("timeout", 2)):
+        rec = {k: v for k, v in timing.items() if k not in ("peak_alloc_gib", "peak_reserved_gib")}
+        rec.update(status=status, message=f"{status} (derived row)", point=dict(rec["point"], cp=cp, mesh_shape=[cp]))
+        (tmp_path / "results" / status).mkdir()
+        (tmp_path / "results" / status / "result.json").write_text(json.dumps(rec))
+    proc = _python_m("cpbench.report", [str(tmp_path / "results"), "--out", str(tmp_path / "site" / "bench.md"),
+                                        "--baseline-max-n", "500"], cwd=tmp_path, timeout_s=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = (tmp_path / "site" / "bench.md").read_text()
+    table = text[text.index(HEADER):].split("\n\n")[0].splitlines()[2:]
+    assert len(table) == len(real) + 2
+    for status in ("oom", "insufficient_gpus", "timeout"):
+        assert f"| {status} |" in text
+    assert "single-GPU baseline of 500" in text and "3 of 4 jobs did not finish ok" in text
+    assert all((tmp_path / "site" / image).is_file() for image in _linked_images(text))
+    assert (tmp_path / "site" / "bench.csv").is_file()
+
+
+def test_report_of_timing_multirun_has_every_section(timing_multirun, tmp_path):
+    written = build_report(timing_multirun, out=tmp_path / "docs" / "cp_benchmark.md")
+    text = written["out_markdown"].read_text()
+    assert all(section in text for section in SECTIONS)
+    for item in ("| date |", "| torch |", "| git commit |", "| CPU |", "| CP configs | 1d cp=1, 1d cp=2 |",
+                 "| command | `python -m cpbench -m "):
+        assert item in text, item
+    table = text[text.index(HEADER):].split("\n\n")[0].splitlines()
+    assert len(table) == 2 + 8 and all("| ok |" in row for row in table[2:])
+    assert {"plot_walltime", "plot_memory", "out_plot_walltime", "out_plot_memory"} <= set(written)
+    assert all(written[key].is_file() for key in written)
+    assert "Max N vs CP size: not drawn" in text  # timing only: no probe, said so
+    readout = text.split("## Readout")[1].split("##")[0]
+    assert "walltime grows as N^" in readout and "8 jobs finished ok" in readout
+    assert "| block |" in text  # the analytic FLOPs of the tiny trunk's block
+
+
+def test_csv_rows_match_their_result_json(timing_multirun, probe_sweep, tmp_path):
+    for root in (timing_multirun, probe_sweep / "sweep"):
+        build_report(root)
+        csv = pd.read_csv(root / "cp_benchmark.csv")
+        records = _records(root)
+        assert sorted(csv["result"]) == sorted(records)
+        for _, row in csv.iterrows():
+            rec = records[row["result"]]
+            assert row["status"] == rec["status"] and row["cp"] == rec["point"]["cp"]
+            if rec["routine"] == "timing":
+                assert row["N_tokens"] == rec["point"]["N"] and row["N_atoms"] == rec["point"]["N_atoms"]
+                assert row["MSA_seq"] == rec["point"]["S"]
+                for col, key in (("walltime (ms)", "median_ms"), ("peak_mem (GiB)", "peak_alloc_gib"),
+                                 ("tokens/s", "tokens_per_s")):
+                    assert (pd.isna(row[col]) and rec.get(key) is None) or row[col] == pytest.approx(rec[key])
+            else:
+                assert row["row"] == "max-fit" and row["N_tokens"] == rec["max_n"]
+                assert row["first_fail_n"] == rec["first_fail_n"]
+                assert row["peak_mem (GiB)"] == pytest.approx(rec["peak_alloc_gib"])
