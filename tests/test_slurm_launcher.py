@@ -157,3 +157,32 @@ def test_points_sbatch_refuses_become_rows_and_the_others_are_submitted(tmp_path
     assert "sbatch refused the job (1 node(s) x 8 task(s), 8 GPUs/node)" in refused["message"]
     assert "Requested node configuration is not available" in refused["message"]
     assert [j["cp"] for j in json.loads((sweep_dir / "slurm_jobs.json").read_text())["jobs"]] == [4]
+
+
+def test_job_killed_at_time_limit_becomes_timeout_row_with_its_measured_points(tmp_path):
+    from omegaconf import OmegaConf
+
+    from cpbench.launcher import collect
+    from cpbench.launcher.slurm_state import SlurmState
+    from tests.conftest import compose_cfg
+
+    out_dir = tmp_path / "sweep" / "3"
+    out_dir.mkdir(parents=True)
+    (out_dir / "probe_state.json").write_text(json.dumps({"signature": "x", "depth": None, "points": [
+        {"N": 512, "fits": True, "status": "ok", "message": "", "seconds": 9.0, "order": 0},
+        {"N": 1024, "fits": False, "status": "oom", "message": "CUDA out of memory", "seconds": 7.0, "order": 1}]}))
+    cfg = compose_cfg("cp=2", "device=cpu", "routine=probe", *fault_model("none"))
+    entry = {"num": 3, "slurm_job_id": "77_3", "overrides": ["cp=2"], "task_overrides": ["cp=2", "routine=probe"],
+             "config": OmegaConf.to_container(cfg, resolve=True), "cluster_gpus_per_node": 0,
+             "output_dir": str(out_dir), "stdout": "o.log", "stderr": "e.log",
+             "result_pickle": str(tmp_path / "none.pkl"), "submitted_at": 0.0}
+
+    ret = collect._failure(entry, SlurmState("77_3", "TIMEOUT", "TimeLimit", "0:15", "n7"), "")
+    record = json.loads((out_dir / "result.json").read_text())
+    assert record["status"] == "timeout" and record["signature"] is None
+    assert record["message"].startswith("SLURM job 77_3 TIMEOUT: SLURM time limit reached")
+    assert record["slurm"] == {"job_id": "77_3", "state": "TIMEOUT", "reason": "TimeLimit", "exit_code": "0:15",
+                                "node_list": "n7", "stdout": "o.log", "stderr": "e.log"}
+    assert [p["N"] for p in record["points"]] == [512, 1024]
+    assert (record["max_n"], record["first_fail_n"], record["point"]["cp"]) == (512, 1024, 2)
+    assert ret.return_value.startswith("inference 1d cp=2 probe timeout max_n=512")
