@@ -156,7 +156,8 @@ def comm_share(stats: dict) -> float | None:
 
 def _flops_fields(row: dict, model: dict, config: dict, env: dict, peak_tflops_cfg: float | None) -> dict[str, Any]:
     """Step FLOPs, achieved TFLOP/s per GPU and MFU of a timing row of the reference trunk."""
-    out: dict[str, Any] = {"step TFLOP": None, "TFLOP/s/GPU": None, "MFU": None, "peak source": None}
+    out: dict[str, Any] = {"step TFLOP": None, "TFLOP/s/GPU": None, "MFU": None, "flops time": None,
+                           "peak source": None}
     if row["row"] != "timing" or row["status"] != "ok" or not flops.is_reference_trunk(model):
         return out
     if row["N_tokens"] is None or not row["walltime (ms)"]:
@@ -167,7 +168,12 @@ def _flops_fields(row: dict, model: dict, config: dict, env: dict, peak_tflops_c
                             recycles=int(workflow.get("recycles", model.get("recycles") or 0) or 0),
                             checkpointing=bool(workflow.get("checkpointing", model.get("checkpointing"))))
     out["step TFLOP"] = step["step"] / 1e12
-    out["TFLOP/s/GPU"] = flops.achieved_tflops_per_gpu(step["step"], float(row["walltime (ms)"]), int(row["cp"] or 1))
+    # Inference also embeds and samples, which the count leaves out: where the adapter timed the
+    # trunk stage (all recycle passes), divide by that; else by the whole step's median.
+    trunk_ms = row.get(STAGE_PREFIX + "trunk")
+    time_ms, out["flops time"] = ((float(trunk_ms), "trunk stage") if row["workflow"] != "training" and trunk_ms
+                                  else (float(row["walltime (ms)"]), "step median"))
+    out["TFLOP/s/GPU"] = flops.achieved_tflops_per_gpu(step["step"], time_ms, int(row["cp"] or 1))
     peak, source = flops.peak_tflops(env.get("gpu_model"), row["dtype"], peak_tflops_cfg)
     if peak:
         out["MFU"] = out["TFLOP/s/GPU"] / peak

@@ -211,7 +211,10 @@ def flops_section(rows: pd.DataFrame, records: list[dict]) -> str:
             "multiply-add, element-wise work and the input embedder/sampler not counted, N unpadded "
             "(see `cpbench/flops.py`).", "",
             md_table(frame, list(frame.columns), {f"GFLOP per block at N={n_max}": _num(1), "share": _pct}), "",
-            "Step FLOPs: " + "; ".join(bases) + ". TFLOP/s/GPU = step FLOPs / median walltime / cp.",
+            "Step FLOPs: " + "; ".join(bases) + ". TFLOP/s/GPU = the step's Pairformer model FLOPs / time / cp, "
+            "the time being the measured trunk stage for inference where the adapter reports it (it also holds "
+            "the MSA module; embedding and sampling are outside it), else the median step walltime "
+            "(column `flops time` of the CSV says which).",
             "MFU peak: " + ("; ".join(sources) if sources else "none known for this device, so no MFU is shown"
                             " (set `report.peak_tflops`)") + "."]
     return "\n".join(text)
