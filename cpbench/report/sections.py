@@ -92,6 +92,8 @@ def metadata_section(records: list[dict], rows: pd.DataFrame, command: str | Non
         ("workflows", _unique(rows["workflow"]) if not rows.empty else DASH),
         ("model", _unique(rows["model"]) if not rows.empty else DASH),
         ("dtype", _unique(rows["dtype"]) if not rows.empty else DASH),
+        ("memory cap per rank (GiB)", _unique((r.get("point") or {}).get("memory_limit_gib") for r in records)),
+        ("peak memory measured as", _unique(r.get("memory_measure") for r in records)),
         ("torch", env("torch")), ("CUDA", env("cuda")), ("NCCL", env("nccl")),
         ("SM clock current / max (MHz)", f"{env('sm_clock_mhz')} / {env('sm_clock_max_mhz')}"),
         ("clocks locked", env("clocks_locked")),
