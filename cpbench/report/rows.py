@@ -23,6 +23,8 @@ STAGE_PREFIX = "stage_ms."
 def cp_config_label(point: dict[str, Any]) -> str:
     """``1d cp=2`` or ``2d 2x2 cp=4`` from a result's ``point``."""
     topology, cp = point.get("topology", "1d"), point.get("cp")
+    if cp is None:  # a job that failed before its point resolved
+        return "unresolved"
     mesh = point.get("mesh_shape") or []
     if topology == "2d" and len(mesh) == 2:
         return f"2d {mesh[0]}x{mesh[1]} cp={cp}"

@@ -146,7 +146,7 @@ def results_section(rows: pd.DataFrame) -> str:
     failed = rows[(rows["status"] != "ok") & (rows["message"].fillna("") != "")]
     if not failed.empty:
         text += ["", "Jobs that did not finish ok:", ""]
-        text += [f"- {r['workflow']} {r['CP config']} N={_plain(r['N_tokens'])}: {r['status']}: {r['message'][:200]}"
+        text += [f"- {_plain(r['workflow'])} {r['CP config']} N={_plain(r['N_tokens'])}: {r['status']}: {r['message'][:200]}"
                  f" (`{r['result']}`)" for _, r in failed.iterrows()]
     return "\n".join(text)
 
