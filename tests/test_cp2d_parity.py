@@ -108,9 +108,10 @@ def _check_case(name: str, seed: int, layout, errors: dict) -> None:
     kr, kc = rr.stop - rr.start, rc.stop - rc.start
     z_loc = z[rows, cols].clone().requires_grad_()
     s_loc = s[rows].clone().requires_grad_()
-    s_out_l, z_out_l = wrap(mod)(s_loc, z_loc, mask[:n_pad], layout)
     s_weight = 1.0 if layout.owns_single else 0.0  # s is replicated over the grid row: count it once
-    ((z_out_l[:kr, :kc] * wz[rr, rc]).sum() + s_weight * (s_out_l[:kr] * ws[rr]).sum()).backward()
+    with chunking.override_budget(LEAN_BUDGET_B):  # row-chunked autograd paths (one walk per chunk)
+        s_out_l, z_out_l = wrap(mod)(s_loc, z_loc, mask[:n_pad], layout)
+        ((z_out_l[:kr, :kc] * wz[rr, rc]).sum() + s_weight * (s_out_l[:kr] * ws[rr]).sum()).backward()
     all_reduce_grads(mod, layout)
 
     errors[f"{name}/z"] = _rel(z_out_l[:kr, :kc], z_out[rr, rc])
