@@ -4,9 +4,8 @@ CI starts a one-node cluster with ``.ci/slurm_up.sh`` first; without a cluster a
 ``sinfo`` these tests are skipped. They run the test adapter (``tests/adapters/faults.py``),
 so their time is SLURM's and the workers' start-up, not the model's.
 
-A point's signature includes a hash of cpbench's sources: the requeue and resume tests need
-the sources unchanged while they run (true in CI; in a tree being edited they can see a
-requeued job start over, correctly, as a different point).
+A point's signature includes a hash of cpbench's sources, so a requeued or resumed job in a
+tree being edited would (correctly) be a new point: the jobs run a frozen copy of the code.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import fault_model
+from tests.conftest import REPO_ROOT, fault_model
 
 pytestmark = pytest.mark.slurm
 
@@ -50,9 +49,20 @@ def _cluster():
         pytest.skip(reason)
 
 
-def _cpbench(args: list[str], cwd: Path) -> subprocess.Popen:
+@pytest.fixture(scope="module")
+def code_snapshot(tmp_path_factory) -> Path:
+    """cpbench and conf/ as they are now, put first on PYTHONPATH of the controller and its jobs."""
+    root = tmp_path_factory.mktemp("code")
+    for name in ("cpbench", "conf"):
+        shutil.copytree(REPO_ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+def _cpbench(args: list[str], cwd: Path, code: Path) -> subprocess.Popen:
+    """``python -m cpbench -m <slurm launcher> ARGS`` in ``cwd``, running the code in ``code``."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")]))
     return subprocess.Popen([sys.executable, "-m", "cpbench", "-m", *LAUNCHER, *args], cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ.copy())
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
 def _finish(proc: subprocess.Popen, timeout_s: float = 300) -> str:
@@ -106,11 +116,11 @@ def _result(sweep_dir: Path, num: int) -> dict:
     return json.loads((sweep_dir / str(num) / "result.json").read_text())
 
 
-def test_slurm_multirun_cp_1_2_writes_a_result_per_point_and_the_report(tmp_path):
+def test_slurm_multirun_cp_1_2_writes_a_result_per_point_and_the_report(tmp_path, code_snapshot):
     sweep_dir, report_out = tmp_path / "sweep", tmp_path / "docs" / "cp_benchmark.md"
     args = ["cp=1,2", "routine=timing", "N=32", *fault_model("none"), f"hydra.sweep.dir={sweep_dir}",
             f"report.out={report_out}"]
-    out = _finish(_cpbench(args, tmp_path))
+    out = _finish(_cpbench(args, tmp_path, code_snapshot))
 
     records = [_result(sweep_dir, num) for num in (0, 1)]
     assert [r["status"] for r in records] == ["ok", "ok"], [r.get("message") for r in records]
@@ -136,7 +146,7 @@ def test_slurm_multirun_cp_1_2_writes_a_result_per_point_and_the_report(tmp_path
     # Re-submitting with resume=true runs only the missing point.
     kept = (sweep_dir / "1" / "result.json").read_text()
     (sweep_dir / "0" / "result.json").unlink()
-    out = _finish(_cpbench([*args, "resume=true"], tmp_path))
+    out = _finish(_cpbench([*args, "resume=true"], tmp_path, code_snapshot))
     manifest_again = json.loads((sweep_dir / "slurm_jobs.json").read_text())["jobs"]
     assert "submitting 1 SLURM job(s)" in out, out[-3000:]
     assert manifest_again[1] == manifest[1] and manifest_again[0]["slurm_job_id"] != manifest[0]["slurm_job_id"]
@@ -148,14 +158,14 @@ def test_slurm_multirun_cp_1_2_writes_a_result_per_point_and_the_report(tmp_path
     ["scontrol", "requeue"],                      # an operator's requeue: SIGTERM, then SLURM requeues
     ["scancel", "--signal=USR2"],                 # the time-limit signal: submitit checkpoints, requeues
 ], ids=["scontrol_requeue", "submitit_timeout_signal"])
-def test_slurm_requeued_probe_continues_from_its_saved_points(tmp_path, interrupt):
+def test_slurm_requeued_probe_continues_from_its_saved_points(tmp_path, interrupt, code_snapshot):
     """Interrupting the running probe requeues it; the requeued job measures only what is left."""
     sweep_dir = tmp_path / "sweep"
     # Rank 1 exits above N=40: from 16 the probe measures 16, 32 (fit), 64 (fail); the requeue
     # lands after 16, while 32 runs (a point that must still be recorded as fitting).
     proc = _cpbench(["cp=2", "routine=probe", "probe.start=16", "probe.granularity=32", "probe.timeout_s=60",
                      *fault_model("exit", threshold_n=40), f"hydra.sweep.dir={sweep_dir}", "report.out=null"],
-                    tmp_path)
+                    tmp_path, code_snapshot)
     try:
         job_id = _wait_for(lambda: _manifest_job_id(sweep_dir), 60, "the submission")
         state_path = sweep_dir / "0" / "probe_state.json"
@@ -188,12 +198,12 @@ def test_slurm_requeued_probe_continues_from_its_saved_points(tmp_path, interrup
 
 
 @pytest.mark.parametrize("wait", [True, False], ids=["controller_waits", "collected_later"])
-def test_slurm_cancelled_job_becomes_a_result_row_and_the_sweep_completes(tmp_path, wait):
+def test_slurm_cancelled_job_becomes_a_result_row_and_the_sweep_completes(tmp_path, wait, code_snapshot):
     sweep_dir = tmp_path / "sweep"
     # Rank 1 hangs at every N: the job runs until SLURM ends it.
     proc = _cpbench(["cp=2", "routine=timing", "N=32", "timing.timeout_s=600", *fault_model("hang", threshold_n=0),
                      f"hydra.launcher.wait={str(wait).lower()}", f"hydra.sweep.dir={sweep_dir}",
-                     f"report.out={tmp_path / 'report.md'}"], tmp_path)
+                     f"report.out={tmp_path / 'report.md'}"], tmp_path, code_snapshot)
     try:
         job_id = _wait_for(lambda: _manifest_job_id(sweep_dir), 60, "the submission")
         if not wait:
@@ -207,7 +217,8 @@ def test_slurm_cancelled_job_becomes_a_result_row_and_the_sweep_completes(tmp_pa
         _finish(proc)
     else:
         later = subprocess.run([sys.executable, "-m", "cpbench.launcher.collect", str(sweep_dir), "--wait",
-                                "--poll-s", "1"], capture_output=True, text=True, timeout=120)
+                                "--poll-s", "1"], capture_output=True, text=True, timeout=120,
+                               env=dict(os.environ, PYTHONPATH=f"{code_snapshot}{os.pathsep}{os.environ['PYTHONPATH']}"))
         assert later.returncode == 0, later.stderr[-3000:]
         assert "1 job(s) over, 0 still queued or running" in later.stdout
 
@@ -219,11 +230,11 @@ def test_slurm_cancelled_job_becomes_a_result_row_and_the_sweep_completes(tmp_pa
     assert "1d cp=2" in (sweep_dir / "cp_benchmark.md").read_text()
 
 
-def test_slurm_point_the_cluster_cannot_hold_becomes_a_row(tmp_path):
+def test_slurm_point_the_cluster_cannot_hold_becomes_a_row(tmp_path, code_snapshot):
     """cp=4 on the CI node (2 CPUs, one task per rank) pends for ever: cancelled, a row, the report."""
     sweep_dir = tmp_path / "sweep"
     out = _finish(_cpbench(["cp=4", "routine=timing", "N=32", *fault_model("none"), f"hydra.sweep.dir={sweep_dir}",
-                            f"report.out={tmp_path / 'report.md'}"], tmp_path), timeout_s=120)
+                            f"report.out={tmp_path / 'report.md'}"], tmp_path, code_snapshot), timeout_s=120)
     record = _result(sweep_dir, 0)
     job_id = record["slurm"]["job_id"]
     assert record["status"] == "error" and record["slurm"]["state"] == "PENDING"
