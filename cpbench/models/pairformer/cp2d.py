@@ -51,6 +51,11 @@ def agreed_chunk(n: int, like: torch.Tensor, layout: Layout) -> int:
 # Triangle multiplication
 
 
+# Operand-sized buffers alive during a no-grad 2d product: the caller's left and right, the
+# transposed right, the two skewed tiles and the two in flight (the trimul's chunk budget).
+CANNON_OPERAND_COPIES = 7
+
+
 def _cannon_into(out: torch.Tensor, a: torch.Tensor, b_t: torch.Tensor, grid: Grid) -> None:
     """``out[c] = A[c] @ B[c]`` over the grid: ``a, b_t, out: [c, R, C]`` tiles; A's k is its
     column dim, B's k its row dim."""

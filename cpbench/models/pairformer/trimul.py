@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from cpbench.models.pairformer import chunking, comm
-from cpbench.models.pairformer.cp2d import triangle_product_2d
+from cpbench.models.pairformer.cp2d import CANNON_OPERAND_COPIES, triangle_product_2d
 from cpbench.models.pairformer.layout import TWO_D, Layout
 from cpbench.models.pairformer.padding import pair_mask
 
@@ -188,8 +188,10 @@ class TriangleMultiplication(nn.Module):
         es = z.element_size()
         x = z.new_empty((c_z, n_local, n_pad))
         budget_b = chunking.budget_bytes(z)  # after x: on CUDA the budget is what is left free
-        # Two operand chunks of ck channels live across the product; keep them within half the budget.
-        ck = chunking.divisor_chunk(c_z, 2 * n_local * n_pad * es, budget_b // 2)
+        # Two operand chunks of ck channels live across the product (2d: the Cannon walk's copies
+        # too); keep them within half the budget.
+        copies = CANNON_OPERAND_COPIES if layout.kind == TWO_D else 2
+        ck = chunking.divisor_chunk(c_z, copies * n_local * n_pad * es, budget_b // 2)
         ck = comm.agree_min(ck, layout, z.device)  # each channel chunk runs collectives
         rc = chunking.rows_per_chunk(n_local, n_pad * (2 * c_z + 8 * ck) * es, budget_b // 2)
         for cs in chunking.slices(c_z, ck):
