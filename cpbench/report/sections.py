@@ -46,6 +46,11 @@ def _num(digits: int) -> Callable[[Any], str]:
     return lambda v: DASH if _missing(v) else f"{float(v):.{digits}f}"
 
 
+def _sig(digits: int) -> Callable[[Any], str]:
+    """Significant digits: FLOP figures span CPU-test (1e-6) to GPU (1e3) magnitudes."""
+    return lambda v: DASH if _missing(v) else f"{float(v):.{digits}g}"
+
+
 def _bytes(value) -> str:
     if _missing(value):
         return DASH
@@ -134,7 +139,7 @@ def results_section(rows: pd.DataFrame) -> str:
     for context in ("model", "dtype"):  # shown only when the rows differ in it (else: metadata)
         if table[context].nunique() > 1:
             extra.insert(0, context)
-    fmt = {"walltime (ms)": _num(2), "IQR (ms)": _num(2), "tokens/s": _num(0), "TFLOP/s/GPU": _num(2),
+    fmt = {"walltime (ms)": _num(2), "IQR (ms)": _num(2), "tokens/s": _num(0), "TFLOP/s/GPU": _sig(3),
            "MFU": _pct, "comm bytes/block": _bytes, "comm share": _pct}
     text = ["## Results", "",
             "One row per job. `max-fit` rows come from the max-N probe: N_tokens is the largest N "
@@ -210,9 +215,10 @@ def flops_section(rows: pd.DataFrame, records: list[dict]) -> str:
             f"Analytic forward matmul FLOPs of one Pairformer block ({model.get('name')}: c_s={sizes.c_s}, "
             f"c_z={sizes.c_z}, {sizes.heads_single} single heads, triangle attention {sizes.heads_tri}×"
             f"{sizes.head_dim_tri}, transitions ×{sizes.transition_factor}, {sizes.blocks} blocks); 2 FLOPs per "
-            "multiply-add, element-wise work and the input embedder/sampler not counted, N unpadded "
+            "multiply-add; element-wise work, the input embedder, MSA module, atom encoder and sampler not "
+            "counted; N unpadded "
             "(see `cpbench/flops.py`).", "",
-            md_table(frame, list(frame.columns), {f"GFLOP per block at N={n_max}": _num(1), "share": _pct}), "",
+            md_table(frame, list(frame.columns), {f"GFLOP per block at N={n_max}": _sig(4), "share": _pct}), "",
             "Step FLOPs: " + "; ".join(bases) + ". TFLOP/s/GPU = the step's Pairformer model FLOPs / time / cp, "
             "the time being the measured trunk stage for inference where the adapter reports it (it also holds "
             "the MSA module; embedding and sampling are outside it), else the median step walltime "
