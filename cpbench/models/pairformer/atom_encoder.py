@@ -82,7 +82,9 @@ class AtomTransformerBlock(nn.Module):
             attended = torch.zeros_like(qh)
             h, d = qh.shape[-2:]
             per_window_b = (QUERIES * 2 * h * d + KEYS * 3 * h * d + h * QUERIES * KEYS) * qh.element_size()
-            wc = chunking.rows_per_chunk(win.count, per_window_b, chunking.budget_bytes(kv_all))
+            # The bias of every window already lives whole; transients of its order are no new peak.
+            budget_b = max(chunking.budget_bytes(kv_all), bias.numel() * bias.element_size())
+            wc = chunking.rows_per_chunk(win.count, per_window_b, budget_b)
             for ws in chunking.slices(win.count, wc):
                 part = win.slice(ws)
                 o = self._attend(qh, kv_all, bias[ws], part)

@@ -81,29 +81,35 @@ class OuterProductMean(nn.Module):
         return z + self.out(outer) / (norm[..., None] + OPM_EPS)
 
     def _forward_lean(self, m: torch.Tensor, z: torch.Tensor, msa_mask: torch.Tensor, layout: Layout) -> torch.Tensor:
-        """Column chunk by column chunk (outer loop) and S chunk by S chunk (inner): the
-        accumulator is ``[N/P, c, P, cj, c]`` for ``cj`` columns per rank, never ``[N/P, N, c²]``."""
+        """``a`` of the local columns once (``[N/P, c, S]``, half an m shard); then column chunk
+        by column chunk: gather ``b`` of ``w`` columns per rank over all S, and for row chunks
+        contract over S into ``[rows, c, P, w, c]`` (never ``[N/P, N, c²]``), project, add to z."""
         n, _, c_z = z.shape
         p, c, s_total, es = _ranks(layout), self.c_opm, m.shape[0], z.element_size()
         budget_b = comm.agree_min(chunking.budget_bytes(z), layout, z.device)
-        cj = chunking.rows_per_chunk(n, n * p * (2 * c * c + 2 * c_z) * es, budget_b // 2)
+        sc = chunking.rows_per_chunk(s_total, n * (3 * m.shape[-1] + 2 * c) * es, budget_b)
+        a = z.new_empty((n, c, s_total))
+        for ss in chunking.slices(s_total, sc):
+            a[:, :, ss] = self._a(m[ss], msa_mask[ss]).permute(1, 2, 0)
+        mask_t = msa_mask.t().to(z.dtype)  # [N/P, S]
         z_cols = z.view(n, p, n, c_z)  # column block r of rank r's rows
-        for js in chunking.slices(n, cj):
-            w = js.stop - js.start
-            acc = z.new_zeros((n, c, p, w, c))
-            norm = z.new_zeros((n, p, w))
-            per_s_b = (n * (3 * m.shape[-1] + c) + 2 * p * w * (c + 1)) * es
-            for ss in chunking.slices(s_total, chunking.rows_per_chunk(s_total, per_s_b, budget_b // 2)):
-                a = self._a(m[ss], msa_mask[ss])  # [s, n, c]
-                got = gather_column_chunk(self._b_and_mask(m[ss, js], msa_mask[ss, js]), layout)  # [P, s, w, c+1]
-                s_len = ss.stop - ss.start
-                acc.view(n * c, p * w * c).addmm_(a.permute(1, 2, 0).reshape(n * c, s_len),
-                                                  got[..., :c].permute(1, 0, 2, 3).reshape(s_len, p * w * c))
-                norm += torch.einsum("si,psj->ipj", msa_mask[ss].to(z.dtype), got[..., c])
-                del a, got
-            outer = acc.permute(0, 2, 3, 1, 4).reshape(n, p, w, c * c)
-            del acc
-            z_cols[:, :, js] += self.out(outer) / (norm[..., None] + OPM_EPS)
+        # per column: LayerNorm + projection of m, the sent b and the gathered P copies of it
+        w = chunking.rows_per_chunk(n, s_total * (3 * m.shape[-1] + 3 * p * (c + 1)) * es, budget_b // 2)
+        for js in chunking.slices(n, w):
+            wl = js.stop - js.start
+            b = self._b_and_mask(m[:, js], msa_mask[:, js])  # [S, w, c+1]
+            got = gather_column_chunk(b, layout)  # [P, S, w, c+1]
+            del b
+            b_t = got[..., :c].permute(1, 0, 2, 3).reshape(s_total, p * wl * c)
+            norm = (mask_t @ got[..., c].permute(1, 0, 2).reshape(s_total, p * wl)).view(n, p, wl, 1)
+            del got
+            rc = chunking.rows_per_chunk(n, p * wl * (2 * c * c + 2 * c_z) * es, budget_b // 2)
+            for rs in chunking.slices(n, rc):
+                r = rs.stop - rs.start
+                outer = (a[rs].reshape(r * c, s_total) @ b_t).view(r, c, p, wl, c)
+                outer = outer.permute(0, 2, 3, 1, 4).reshape(r, p, wl, c * c)
+                z_cols[rs, :, js] += self.out(outer) / (norm[rs] + OPM_EPS)
+                del outer
         return z
 
 
