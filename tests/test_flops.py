@@ -45,8 +45,13 @@ def test_checkpoint_recompute_matches_flop_counter_on_reference_block():
                 s_out, z_out = block(s, z, mask, layout)
             (s_out.sum() + z_out.sum()).backward()
         totals.append(counter.get_total_flops())
-    recompute = (totals[1] - totals[0]) / flops.block_flops(n, sizes)["block"]
-    assert recompute == pytest.approx(flops.RECOMPUTE_PASSES, rel=0.05)
+    per_op = flops.block_flops(n, sizes)
+    recompute = (totals[1] - totals[0]) / per_op["block"]
+    # The transitions checkpoint their row chunks even without block checkpointing, so part of
+    # their recompute is in both runs: the difference is RECOMPUTE_PASSES forwards, less up to
+    # the transitions' share.
+    transitions = (per_op["pair_transition"] + per_op["single_transition"]) / per_op["block"]
+    assert flops.RECOMPUTE_PASSES - transitions - 0.02 <= recompute <= flops.RECOMPUTE_PASSES + 0.02
 
 
 def test_block_flops_are_the_sum_of_the_ops_and_cubic_in_n():
