@@ -297,9 +297,6 @@ def _probe_settings(probe: dict, device: str, unit: int, train: bool, model: dic
         depth = None
     else:
         depth = _int("probe.depth", depth, 1, "auto, all or a positive integer (blocks)")
-    blocks = model.get("blocks")
-    if depth is not None and isinstance(blocks, int) and depth >= blocks:
-        depth = None  # the full trunk is already that short
     return ProbeSettings(
         start=round_up(start, unit), growth=float(growth), granularity=round_up(gran, unit),
         timeout_s=_positive_float("probe.timeout_s", probe.get("timeout_s"), "seconds > 0"),

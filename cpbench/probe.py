@@ -20,6 +20,7 @@ import logging
 from pathlib import Path
 
 from cpbench.config import Point
+from cpbench.memory import MEASURE_CPU, MEASURE_CUDA
 from cpbench.models.api import load_adapter, supports_run_blocks
 from cpbench.results import read_json, write_json_atomic
 from cpbench.runner import PointRun, Runner
@@ -169,6 +170,7 @@ class Probe:
             "peak_reserved_gib": _max(at_max["peak_reserved_gib"]) if at_max else None,
             "peak_alloc_gib_per_rank": at_max["peak_alloc_gib"] if at_max else None,
             "peak_reserved_gib_per_rank": at_max["peak_reserved_gib"] if at_max else None,
+            "memory_measure": MEASURE_CUDA if self.point.device == "cuda" else MEASURE_CPU,
         }
         if max_n is None:
             out["status"] = fail["status"] if fail else "error"

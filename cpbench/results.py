@@ -8,10 +8,12 @@ One ``result.json`` per job (one sweep point), in the job's Hydra output directo
       "point": {"workflow": "inference", "topology": "1d", "cp": 2, "mesh_shape": [2],
                 "N": 1024, "N_atoms": 8192, "S": 256, "dtype": "bf16", "device": "cuda",
                 "input": null,              # real inputs: the input file's name
-                "model": {"name": "boltz2", "c_s": 384, ...}},
+                "model": {"name": "boltz2", "c_s": 384, ...},
+                "memory_limit_gib": null},  # memory.limit_gib in effect (CPU: 3 by default)
       "routine": "probe" | "timing",
       "status": "ok" | "oom" | "timeout" | "error" | "insufficient_gpus",
       "message": "",
+      "code": "0.1.0@<commit>",              # code version that entered the signature
       # probe
       "max_n": 12288, "first_fail_n": 12416, "first_fail_status": "oom",
       "first_fail_message": "...", "depth": 2, "depth_verified": true,
@@ -19,14 +21,25 @@ One ``result.json`` per job (one sweep point), in the job's Hydra output directo
                   "peak_alloc_gib": [..per rank..], "peak_reserved_gib": [..], "seconds": 3.1}],
       # timing
       "times_ms": [..], "median_ms": .., "iqr_ms": .., "min_ms": .., "max_ms": ..,
+      "times_ms_per_rank": [[..], ..], "warmup_ms": [..],     # raw; times_ms = slowest rank
+      "tokens_per_s": .., "stats": {"stage_ms": {..}, ...},   # the adapter's optional stats
+      "loss": 1.23,                          # training: the global loss of the last step
+      "profile_traces": ["trace_rank0.json", ..],             # with profile=true
+      # both routines (probe: at max_n)
       "peak_alloc_gib": .., "peak_reserved_gib": ..,          # max over ranks
       "peak_alloc_gib_per_rank": [..], "peak_reserved_gib_per_rank": [..],
-      "tokens_per_s": .., "stats": {"stage_ms": {..}, ...},   # the adapter's optional stats
+      "memory_measure": "cuda_allocator" | "cpu_peak_rss_above_baseline",
+      "notes": ["..."],                      # optional: what the harness chose for the user
+      "seconds_total": 81.2, "overrides": ["cp=2", ...],      # job wall time, command-line overrides
       "env": {...},                          # env_metadata()
       "config": {...}                        # the resolved Hydra config
     }
 
-Probe-only and timing-only keys are present only for their routine.
+Probe-only and timing-only keys are present only for their routine. ``depth`` is the number
+of trunk blocks a probe step ran (the model's ``blocks`` at full depth); ``depth_verified``
+is true/false when a shortened depth was checked against the full step at the first point,
+null when no shortening was tried. In a probe record, ``point.N`` is the config's ``N``
+(unused by the probe): the probed sizes are ``points[].N``.
 """
 
 from __future__ import annotations

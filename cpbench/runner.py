@@ -218,11 +218,13 @@ class Runner:
         started = time.time()
         port = self.group.worker_port()
         work_dir = Path(tempfile.mkdtemp(prefix=f"cpbench-N{task.N}-"))
+        procs: list[tuple[int, subprocess.Popen]] = []
         try:
             procs = self._spawn(task, port, work_dir)
             timed_out = self._wait(procs, task.timeout_s)
             local = [self._outcome(rank, proc, work_dir, timed_out) for rank, proc in procs]
         finally:
+            self._kill(procs)  # no-op when all exited; on an exception (Ctrl-C, SIGTERM) ends them
             shutil.rmtree(work_dir, ignore_errors=True)
         ranks = sorted(self.group.gather(local), key=lambda r: r["rank"])
         status, message = verdict(ranks, timed_out, task.timeout_s)

@@ -108,7 +108,23 @@ def run_rank(spec: dict, rank: int, device_index: int, outcome: dict) -> None:
     outcome["status"], outcome["message"] = "ok", ""
 
 
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker when its supervisor dies (killed, timed out, Ctrl-C):
+    a worker lives in its own session, so nothing else would end it."""
+    try:
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the supervisor's own cleanup still kills it
+    if os.getppid() == 1:  # the supervisor died before the request took effect
+        os._exit(1)
+
+
 def main(argv: list[str]) -> None:
+    die_with_parent()
     spec_path, rank, device_index = argv[0], int(argv[1]), int(argv[2])
     spec = json.loads(Path(spec_path).read_text())
     started = time.time()

@@ -13,7 +13,7 @@ def test_cpu_auto_values_follow_the_config_comments():
     assert point.cp == 2 and point.device == "cpu"
     assert point.probe.start == 32 and point.probe.granularity == 16
     assert point.memory_limit_gib == 3.0
-    assert point.probe.depth is None  # tiny has 2 blocks: the inference depth 2 is the full trunk
+    assert point.probe.depth == 2  # inference: 2 blocks (run_blocks also shortens the adapter's sampler)
     assert point.N_atoms == 8 * point.N
 
 
