@@ -27,7 +27,7 @@ from cpbench.models.pairformer.layout import layout_from_mesh, serial_layout
 from cpbench.models.pairformer.single_att import AttentionPairBias
 from cpbench.models.pairformer.transition import Transition
 from cpbench.models.pairformer.triatt import TriangleAttention
-from cpbench.models.pairformer.trimul import TriangleMultiplication
+from cpbench.models.pairformer.trimul import TriangleMultiplication, triangle_product
 
 N, N_MAX_PAD = 13, 16
 C_S, C_Z, HEADS_S, HEADS_T, HEAD_DIM, FACTOR = 16, 8, 2, 2, 4, 2
@@ -169,21 +169,39 @@ def _check_trunk_and_training(seed: int, shape: tuple[int, int], errors: dict, l
         errors[f"train3/param/{pname}"] = _rel(p, p_ref)
 
 
+def _cannon_bytes(layout) -> tuple[int, int]:
+    """(counted, documented) bytes this rank sends in one no-grad 2d triangle product on a square
+    grid: grid transpose of one operand (off-diagonal ranks), the A and B skews (a, b != 0) and
+    q - 1 shifts of each, one operand tile ``T`` each."""
+    q, a, b = layout.grid.cp1, layout.grid.a, layout.grid.b
+    left, right = torch.randn(2, C_Z, 5, 5)
+    tile_b = left.numel() * left.element_size()
+    before = comm.BYTES.sent_b
+    with torch.no_grad():
+        triangle_product(left, right, layout)
+    return comm.BYTES.sent_b - before, tile_b * (int(a != b) + int(a != 0) + int(b != 0) + 2 * (q - 1))
+
+
 def _parity_worker(rank: int, world: int, seed: int, shape: tuple[int, int], cases: tuple[str, ...]) -> dict:
     layout = layout_from_mesh(_mesh(shape))
     walk = _walk_pieces(layout)
+    cannon_bytes = _cannon_bytes(layout) if shape[0] == shape[1] else None
     errors: dict[str, float] = {}
     for i, name in enumerate(cases):
         _check_case(name, seed + i, layout, errors)
     losses: dict[str, list[float]] = {}
     stats: dict = {}
     _check_trunk_and_training(seed, shape, errors, losses, stats)
-    return {"errors": errors, "losses": losses, "stats": stats, "grid": (layout.grid.a, layout.grid.b), "walk": walk}
+    return {"errors": errors, "losses": losses, "stats": stats, "grid": (layout.grid.a, layout.grid.b), "walk": walk,
+            "cannon_bytes": cannon_bytes}
 
 
 def _assert_parity(results: list[dict], seed: int, shape: tuple[int, int], n_min_checks: int) -> None:
     for rank, res in enumerate(results):
         _assert_walk(res["walk"], shape)
+        if res["cannon_bytes"] is not None:
+            counted, documented = res["cannon_bytes"]
+            assert counted == documented > 0, (rank, res["grid"], counted, documented)
         bad = {k: v for k, v in res["errors"].items() if not v < TOL}
         assert not bad, f"seed {seed} rank {rank} grid {res['grid']}: relative errors above {TOL}: {bad}"
         ref, cp_losses = res["losses"]["ref"], res["losses"]["cp"]
