@@ -36,8 +36,11 @@ UNSIGNED_KEYS = ("resume", "report", "hydra")
 
 # Auto values, per device kind (conf/config.yaml comments say the same).
 AUTO_PROBE_START = {"cuda": 512, "cpu": 32}
-AUTO_GRANULARITY = {"cuda": 128, "cpu": 16}
-AUTO_LIMIT_GIB = {"cuda": None, "cpu": 3.0}
+# CPU: the tiny trunk is memory-lean (~0.1 GiB above baseline at N=512, where a cp=2 step
+# already takes tens of seconds on 2 cores), so a cap this small is what lets the default
+# CPU probe meet a real allocation failure within minutes; 64 keeps the bisection short.
+AUTO_GRANULARITY = {"cuda": 128, "cpu": 64}
+AUTO_LIMIT_GIB = {"cuda": None, "cpu": 0.125}
 AUTO_CP_ON_CPU = 2
 AUTO_INFERENCE_DEPTH = 2
 MIN_WARMUP = 3

@@ -9,7 +9,7 @@ One ``result.json`` per job (one sweep point), in the job's Hydra output directo
                 "N": 1024, "N_atoms": 8192, "S": 256, "dtype": "bf16", "device": "cuda",
                 "input": null,              # real inputs: the input file's name
                 "model": {"name": "boltz2", "c_s": 384, ...},
-                "memory_limit_gib": null},  # memory.limit_gib in effect (CPU: 3 by default)
+                "memory_limit_gib": null},  # memory.limit_gib in effect (CPU: 0.125 by default)
       "routine": "probe" | "timing",
       "status": "ok" | "oom" | "timeout" | "error" | "insufficient_gpus",
       "message": "",

@@ -11,8 +11,8 @@ from cpbench.config import ConfigError, check_group_choices, resolve_point, weak
 def test_cpu_auto_values_follow_the_config_comments():
     point = resolve_point(compose_cfg("device=cpu", "model=tiny"))
     assert point.cp == 2 and point.device == "cpu"
-    assert point.probe.start == 32 and point.probe.granularity == 16
-    assert point.memory_limit_gib == 3.0
+    assert point.probe.start == 32 and point.probe.granularity == 64
+    assert point.memory_limit_gib == 0.125
     assert point.probe.depth == 2  # inference: 2 blocks (run_blocks also shortens the adapter's sampler)
     assert point.N_atoms == 8 * point.N
 
