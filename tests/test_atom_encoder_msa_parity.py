@@ -165,14 +165,3 @@ def test_opm_and_pwa_lean_paths_match_autograd_paths_serially():
         assert _rel(opm(m, z.clone(), msa_mask, serial_layout()), full_z) < TOL
         assert _rel(pwa(m.clone(), z, token_mask, serial_layout()), full_m) < TOL
 
-
-def test_msa_module_under_2d_fails_with_one_line_naming_msa_blocks():
-    """No 2d MSA module yet: a 2d layout gets a clear error, not a shape error deep in torch."""
-    from cpbench.models.pairformer.layout import Layout
-
-    feats = _features(0, 1)
-    module = MsaModule(**MSA)
-    n_pad = feats["token_mask"].shape[0]
-    with pytest.raises(ValueError, match="model.msa_blocks=0") as err:
-        module(feats, torch.zeros(n_pad, C_S), torch.zeros(n_pad, n_pad, C_Z), Layout(kind="2d", size=4))
-    assert "\n" not in str(err.value)

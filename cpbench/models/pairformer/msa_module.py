@@ -13,6 +13,14 @@ Per rank (1d, ``P`` ranks, ``n = N/P``): the MSA is sharded along tokens, ``m: [
 * the pair updates: as in a Pairformer block (``block.py``), four all-to-alls of z and the
   gathers of the triangle ops.
 
+2d (``cp0 x cp1`` grid, ``msa_ops.py``): ``m: [S, N/cp0, c_m]`` holds the MSA columns of the
+tile rows ``R_a``, replicated over the grid row (like ``s``), ``z: [N/cp0, N/cp1, c_z]``. Per
+block the outer product mean and pair-weighted averaging gather ``b`` / ``v`` of the tile
+columns along the grid column (``(cp0-1)·S·N/cp0·(c_opm+1)`` resp. ``·heads·head_dim``
+elements), and the averaging all-reduces its partial sums along the grid row
+(``2(cp1-1)/cp1·S·N/cp0·heads·head_dim``); the MSA transition is local (run by each replica);
+the pair updates are the grid ops of ``cp2d.py``.
+
 No row attention over ``S x N²``. Without autograd, m and z are updated in place and every
 transient is chunked to the budget of ``chunking.py``.
 """
@@ -75,9 +83,10 @@ class MsaModule(nn.Module):
 
     Args of forward:
         feats: ``msa``, ``has_deletion``, ``deletion_value``, ``msa_mask``: ``[S, N/P]`` (this
-            rank's columns; the global ``[S, N]`` is sliced here), ``token_mask: [N]``.
+            rank's columns, ``layout.rows``: in 2d the tile rows ``R_a``, ``[S, N/cp0]``; the
+            global ``[S, N]`` is sliced here), ``token_mask: [N]``.
         s_inputs: ``[N, c_s]`` (global, every rank).
-        z: ``[N/P, N, c_z]``; updated in place without autograd.
+        z: ``[N/P, N, c_z]`` (2d: ``[N/cp0, N/cp1, c_z]``); updated in place without autograd.
     """
 
     def __init__(self, c_m: int, c_z: int, c_s: int, blocks: int, heads_tri: int, head_dim_tri: int,
@@ -107,9 +116,6 @@ class MsaModule(nn.Module):
 
     def forward(self, feats: dict[str, torch.Tensor], s_inputs: torch.Tensor, z: torch.Tensor,
                 layout: Layout) -> torch.Tensor:
-        if layout.kind not in ("serial", "1d"):
-            raise ValueError(f"topology={layout.kind}: the MSA module runs under topology=1d only so far; "
-                             "set model.msa_blocks=0 to benchmark without it")
         token_mask = feats["token_mask"]
         m, msa_mask = self.embed(feats, s_inputs, layout)
         for block in self.blocks:
