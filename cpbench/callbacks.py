@@ -18,7 +18,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from cpbench.config import ConfigError, resolve_point
+from cpbench.config import ConfigError, InputFileError, resolve_point
 from cpbench.job import SWEEP_TOTAL_ENV
 
 log = logging.getLogger("cpbench")
@@ -53,6 +53,12 @@ def validate_sweep(config: DictConfig) -> int:
             job_cfg.pop("hydra", None)
         try:
             resolve_point(job_cfg)
+        except InputFileError as exc:
+            if len(points) == 1:
+                raise
+            # One bad input of several: that job records it as an error row; the others run.
+            log.warning("cpbench: error: %s (sweep point %s is recorded as an error; the others run)",
+                        exc, " ".join(overrides))
         except ConfigError as exc:
             if len(points) > 1:
                 exc.allowed += f" (in sweep point {' '.join(overrides)})"

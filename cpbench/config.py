@@ -55,6 +55,12 @@ class ConfigError(ValueError):
         super().__init__(f"{key}={value}: {allowed}")
 
 
+class InputFileError(ConfigError):
+    """A real input file (``dataset.inputs``) that cannot be read or tokenised. In a multirun it
+    is that point's ``error`` row and the other inputs still run (a sweep over inputs should
+    not die of one bad file); alone it is a one-line error like any config mistake."""
+
+
 @dataclass(frozen=True)
 class ProbeSettings:
     start: int              # first N (a multiple of the padding unit)
@@ -348,5 +354,5 @@ def _real_input_sizes(dataset: dict) -> tuple[str, int, int, int]:
     try:
         sizes = resolve_input_sizes(dataset)
     except (ValueError, OSError) as exc:
-        raise ConfigError("dataset.inputs", dataset.get("inputs"), str(exc).splitlines()[0]) from None
+        raise InputFileError("dataset.inputs", dataset.get("inputs"), str(exc).splitlines()[0]) from None
     return sizes.name, int(sizes.N), int(sizes.N_atoms), int(sizes.S)
