@@ -19,7 +19,7 @@ from typing import Iterator
 import torch
 
 _CUDA_FREE_FRACTION = 0.4
-_CPU_FLOOR_BYTES = 64 << 10
+_CPU_FLOOR_BYTES = 128 << 10  # below this, per-chunk overhead dominates tiny CPU runs
 _override_bytes: int | None = None
 
 
