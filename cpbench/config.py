@@ -40,7 +40,7 @@ AUTO_PROBE_START = {"cuda": 512, "cpu": 32}
 # already takes tens of seconds on 2 cores), so a cap this small is what lets the default
 # CPU probe meet a real allocation failure within minutes; 64 keeps the bisection short.
 AUTO_GRANULARITY = {"cuda": 128, "cpu": 64}
-AUTO_LIMIT_GIB = {"cuda": None, "cpu": 0.125}
+AUTO_LIMIT_GIB = {"cuda": None, "cpu": 0.125}  # probe only: a CPU timing point runs uncapped
 AUTO_CP_ON_CPU = 2
 AUTO_INFERENCE_DEPTH = 2
 MIN_WARMUP = 3
@@ -278,7 +278,9 @@ def resolve_point(cfg: DictConfig) -> Point:
     )
     limit = (data.get("memory") or {}).get("limit_gib")
     if limit == "auto":
-        limit = AUTO_LIMIT_GIB[device]
+        # The CPU cap exists so that a probe meets a real allocation failure; a timing point
+        # has nothing to find, and oneDNN's workspaces (training) do not fit 0.125 GiB.
+        limit = AUTO_LIMIT_GIB[device] if routine == "probe" else None
     elif limit is not None:
         limit = _positive_float("memory.limit_gib", limit, "auto, null or GiB > 0")
 
