@@ -1,7 +1,9 @@
 """2d context parallelism of the MSA module matches cp=1 on 2x2, 1x2 and 2x1 grids: the output
 pair tile and every parameter gradient within 1e-5 relative error (norm-wise), with autograd and
 on the chunked no-grad paths; the bytes counted by ``comm.BYTES`` for the outer product mean and
-pair-weighted averaging are the documented volumes.
+pair-weighted averaging are the documented volumes. The whole trunk with its MSA module, as the
+adapter builds it under ``topology=2d`` (MSA columns of the tile rows per rank, recycling,
+checkpointing), matches cp=1 likewise.
 
 gloo, fp32, fresh random inputs, N=13 tokens (divisible by no grid axis) with padding tokens and
 padding MSA rows, random garbage in the padded pair entries. Each rank computes the cp=1
@@ -20,7 +22,7 @@ from _dist import run_distributed
 from cpbench.data.sharding import pad_features
 from cpbench.data.synthetic import MSA_KEYS, make_synthetic_features
 from cpbench.models.pairformer import chunking, comm
-from cpbench.models.pairformer.adapter import all_reduce_grads
+from cpbench.models.pairformer.adapter import PairformerAdapter, all_reduce_grads, trunk_loss
 from cpbench.models.pairformer.layout import layout_from_mesh, serial_layout
 from cpbench.models.pairformer.msa_module import MsaModule
 
@@ -31,6 +33,8 @@ MSA = dict(c_m=8, c_z=C_Z, c_s=C_S, blocks=2, heads_tri=2, head_dim_tri=4, trans
 TOL = 1e-5
 LEAN_BUDGET_B = 1024  # forces multi-chunk loops (S chunks, column chunks, pair rows)
 FP32_B = 4
+TRUNK = dict(c_s=C_S, c_z=C_Z, blocks=1, heads_single=2, heads_tri=2, head_dim_tri=4, transition_factor=2,
+             c_atom=8, c_atompair=4, atom_blocks=1, atom_heads=2, c_m=8, msa_blocks=2)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -43,8 +47,44 @@ def _features(seed: int, units: int) -> dict[str, torch.Tensor]:
     return pad_features(feats, units=units)[0]
 
 
+def _check_trunk(mesh, seed: int, errors: dict) -> None:
+    """The adapter's trunk (atom encoder, MSA module, one Pairformer block) at cp=1 and on the grid."""
+    cpu = torch.device("cpu")
+    built = {}
+    for key, m, checkpointing in (("ref", None, False), ("cp", mesh, True)):
+        adapter = PairformerAdapter(**TRUNK, dtype="fp32", recycles=1, checkpointing=checkpointing)
+        torch.manual_seed(seed)
+        model = adapter.build_model(m, cpu)
+        torch.manual_seed(seed + 1)
+        built[key] = (model, adapter.build_batch(N, N_ATOMS, S, m, cpu))
+    (ref, ref_batch), (mod, batch) = built["ref"], built["cp"]
+    layout = mod.layout
+    n_pad = batch["token_mask"].shape[0]
+    rows, cols = layout.rows(n_pad), layout.cols(n_pad)
+    kr, kc = max(0, min(rows.stop, N) - rows.start), max(0, min(cols.stop, N) - cols.start)
+    real_r, real_c = slice(rows.start, rows.start + kr), slice(cols.start, cols.start + kc)
+    assert batch["msa"].shape == (S, rows.stop - rows.start)  # the MSA columns of the tile rows
+
+    s_ref, z_ref = ref(ref_batch, ref.layout, recycles=1)
+    trunk_loss(s_ref, z_ref, ref_batch["token_mask"], ref.layout).backward()
+    s_cp, z_cp = mod(batch, layout, recycles=1, checkpointing=True)
+    trunk_loss(s_cp, z_cp, batch["token_mask"], layout).backward()
+    all_reduce_grads(mod, layout)
+    if kr and kc:
+        errors["trunk/z"] = _rel(z_cp[:kr, :kc], z_ref[real_r, real_c])
+    if kr:
+        errors["trunk/s"] = _rel(s_cp[:kr], s_ref[real_r])
+    for (name, p), p_ref in zip(mod.named_parameters(), ref.parameters()):
+        errors[f"trunk/grad/{name}"] = _rel(p.grad, p_ref.grad)
+    with torch.no_grad(), chunking.override_budget(LEAN_BUDGET_B):
+        s_lean, z_lean = mod(batch, layout, recycles=1)
+    if kr and kc:
+        errors["trunk/lean_z"] = _rel(z_lean[:kr, :kc], z_ref[real_r, real_c])
+
+
 def _worker(rank: int, world: int, shape: tuple[int, int], seed: int) -> dict:
-    layout = layout_from_mesh(init_device_mesh("cpu", shape, mesh_dim_names=("cp0", "cp1")))
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=("cp0", "cp1"))
+    layout = layout_from_mesh(mesh)
     serial = serial_layout()
     ref_feats, feats = _features(seed, 1), _features(seed, layout.units)
     n_pad = feats["token_mask"].shape[0]
@@ -90,6 +130,7 @@ def _worker(rank: int, world: int, shape: tuple[int, int], seed: int) -> dict:
         comm.BYTES.reset()
         pwa(m, z[rows, cols].clone(), feats["token_mask"], layout)
         volumes["pwa_b"] = comm.BYTES.sent_b
+    _check_trunk(mesh, seed + 2, errors)
     return {"errors": errors, "volumes": volumes, "n_pad": n_pad,
             "lean_chunks": S * (rows.stop - rows.start) * MSA["c_m"] * FP32_B > LEAN_BUDGET_B}
 
@@ -100,7 +141,7 @@ def _ring_b(ranks: int, elements: float) -> int:
 
 
 @pytest.mark.parametrize("shape", [(2, 2), (1, 2), (2, 1)], ids=["2x2", "1x2", "2x1"])
-def test_msa_module_on_2d_grid_matches_cp1_with_documented_volumes(shape):
+def test_msa_module_and_its_trunk_on_2d_grids_match_cp1_with_documented_volumes(shape):
     seed = int.from_bytes(os.urandom(4), "little")
     cp0, cp1 = shape
     cp = cp0 * cp1
@@ -120,3 +161,5 @@ def test_msa_module_on_2d_grid_matches_cp1_with_documented_volumes(shape):
         assert res["volumes"]["pwa_b"] == pwa_b + 2 * agree_b
     names = results[0]["errors"]
     assert sum(k.startswith("grad/") for k in names) == len(list(MsaModule(**MSA).parameters()))
+    assert sum(k.startswith("trunk/grad/msa_module.") for k in names) == len(list(MsaModule(
+        TRUNK["c_m"], C_Z, C_S, TRUNK["msa_blocks"], 2, 4, 2).parameters()))
