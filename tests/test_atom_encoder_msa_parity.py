@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from _dist import run_distributed
+from _parity import rel_error
 from cpbench.data.sharding import pad_features
 from cpbench.data.synthetic import MSA_KEYS, make_synthetic_features
 from cpbench.models.pairformer import chunking, comm
@@ -35,17 +36,13 @@ LEAN_BUDGET_B = 1024  # forces multi-chunk loops (windows, S chunks, column chun
 FP32_B = 4
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30)) if (a - b).norm() > 0 else 0.0
-
 
 def _grad_errors(prefix: str, mod: torch.nn.Module, ref: torch.nn.Module, errors: dict) -> None:
     """Relative error of every parameter gradient (every parameter has one on both sides: the
     modules hold no parameter whose exact gradient is zero, which would compare rounding noise)."""
     for (name, p), p_ref in zip(mod.named_parameters(), ref.parameters()):
         assert p.grad is not None and p_ref.grad is not None, f"{prefix}/{name}: no gradient"
-        errors[f"{prefix}/grad/{name}"] = _rel(p.grad, p_ref.grad)
+        errors[f"{prefix}/grad/{name}"] = rel_error(p.grad, p_ref.grad)
 
 
 def _features(seed: int, units: int) -> dict[str, torch.Tensor]:
@@ -72,11 +69,11 @@ def _check_atom_encoder(seed: int, errors: dict, volumes: dict) -> None:
     volumes["atom_encoder_b"] = comm.BYTES.sent_b
     (a[real] * weight[real]).sum().backward()  # this rank's share of the global loss
     all_reduce_grads(mod, layout)
-    errors["atom/a"] = _rel(a[:N], a_ref[:N])
+    errors["atom/a"] = rel_error(a[:N], a_ref[:N])
     _grad_errors("atom", mod, ref, errors)
     with torch.no_grad(), chunking.override_budget(LEAN_BUDGET_B):
-        errors["atom/lean_a"] = _rel(mod(feats, layout)[:N], a_ref[:N])
-    errors["atom/layout_invariant"] = _rel(ref(feats, serial)[:N], a_ref[:N])
+        errors["atom/lean_a"] = rel_error(mod(feats, layout)[:N], a_ref[:N])
+    errors["atom/layout_invariant"] = rel_error(ref(feats, serial)[:N], a_ref[:N])
 
 
 def _check_msa_module(seed: int, errors: dict, volumes: dict) -> None:
@@ -103,12 +100,12 @@ def _check_msa_module(seed: int, errors: dict, volumes: dict) -> None:
     z_out = mod(feats, s_inputs, z_loc, layout)
     (z_out[:k, :N] * wz[real, :N]).sum().backward()
     all_reduce_grads(mod, layout)
-    errors["msa/z"] = _rel(z_out[:k, :N], z_out_ref[real])
-    errors["msa/grad_z"] = _rel(z_loc.grad[:k, :N], z_ref.grad[real])
+    errors["msa/z"] = rel_error(z_out[:k, :N], z_out_ref[real])
+    errors["msa/grad_z"] = rel_error(z_loc.grad[:k, :N], z_ref.grad[real])
     _grad_errors("msa", mod, ref, errors)
     with torch.no_grad(), chunking.override_budget(LEAN_BUDGET_B):
         z_lean = mod(feats, s_inputs, z[rows].clone(), layout)
-        errors["msa/lean_z"] = _rel(z_lean[:k, :N], z_out_ref[real])
+        errors["msa/lean_z"] = rel_error(z_lean[:k, :N], z_out_ref[real])
         # Volumes of the two MSA <-> pair ops alone, on the chunked path.
         m = torch.randn(S, rows.stop - rows.start, MSA["c_m"], generator=g)
         opm, pwa = mod.blocks[0].outer_product_mean, mod.blocks[0].pair_weighted_averaging
@@ -162,6 +159,6 @@ def test_opm_and_pwa_lean_paths_match_autograd_paths_serially():
     full_z = opm(m, z.clone(), msa_mask, serial_layout())
     full_m = pwa(m.clone(), z, token_mask, serial_layout())
     with torch.no_grad(), chunking.override_budget(256):
-        assert _rel(opm(m, z.clone(), msa_mask, serial_layout()), full_z) < TOL
-        assert _rel(pwa(m.clone(), z, token_mask, serial_layout()), full_m) < TOL
+        assert rel_error(opm(m, z.clone(), msa_mask, serial_layout()), full_z) < TOL
+        assert rel_error(pwa(m.clone(), z, token_mask, serial_layout()), full_m) < TOL
 

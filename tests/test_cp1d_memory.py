@@ -5,21 +5,14 @@ accounting, ``torch.distributed._tools.mem_tracker.MemTracker``, on CPU)."""
 from __future__ import annotations
 
 import torch
-from torch.distributed._tools.mem_tracker import MemTracker
 
 from _dist import run_distributed
+from _parity import peak_bytes
 from cpbench.models.pairformer.block import PairformerBlock
 from cpbench.models.pairformer.layout import layout_1d, serial_layout
 
 N, C_S, C_Z = 128, 32, 32  # pair shard 2 MiB at cp=1 (fp32) vs ~0.2 MiB of weights
 
-
-def _peak_b(block, s, z, mask, layout) -> int:
-    tracker = MemTracker()
-    tracker.track_external(block)
-    with tracker, torch.no_grad():
-        block(s, z, mask, layout)
-    return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
 
 
 def _memory_worker(rank: int, world: int) -> dict:
@@ -30,7 +23,7 @@ def _memory_worker(rank: int, world: int) -> dict:
     for name, layout in (("cp1", serial_layout()), ("cp2", layout_1d())):
         n_local = N // layout.size
         z = torch.randn(n_local, N, C_Z)
-        peaks[name] = _peak_b(block, torch.randn(n_local, C_S), z, mask, layout)
+        peaks[name] = peak_bytes(block, torch.randn(n_local, C_S), z, mask, layout)
         peaks[name + "_pair"] = z.numel() * z.element_size()
     return peaks
 

@@ -18,15 +18,11 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 from _dist import run_distributed
+from _parity import block_cases, rel_error
 from cpbench.models.pairformer import chunking, comm
 from cpbench.models.pairformer.adapter import PairformerAdapter, all_reduce_grads, trunk_loss
 from cpbench.models.pairformer.block import PairformerBlock
-from cpbench.models.pairformer.comm import transpose_pair
 from cpbench.models.pairformer.layout import layout_1d, serial_layout
-from cpbench.models.pairformer.single_att import AttentionPairBias
-from cpbench.models.pairformer.transition import Transition
-from cpbench.models.pairformer.triatt import TriangleAttention
-from cpbench.models.pairformer.trimul import TriangleMultiplication
 
 N, N_MAX_PAD = 13, 16
 C_S, C_Z, HEADS_S, HEADS_T, HEAD_DIM, FACTOR = 16, 8, 2, 2, 4, 2
@@ -38,29 +34,10 @@ TRUNK_PARAM_TOL = 1e-4  # per parameter, whole trunk (see _check_trunk_and_train
 LEAN_BUDGET_B = 2048  # forces multi-chunk loops (rows, channels, gathered operand rows)
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30)) if (a - b).norm() > 0 else 0.0
 
 
-def _pair_op(op):
-    return lambda s, z, m, layout: (s, op(z, m, layout))
 
-
-def _pair_op_transposed(op):
-    """Incoming / ending ops read Z^T rows: switch there and back."""
-    return lambda s, z, m, layout: (s, transpose_pair(op(transpose_pair(z, layout), m, layout), layout))
-
-
-CASES = {
-    "tri_mul_out": (lambda: TriangleMultiplication(C_Z), _pair_op),
-    "tri_mul_in": (lambda: TriangleMultiplication(C_Z, incoming=True), _pair_op_transposed),
-    "tri_att_start": (lambda: TriangleAttention(C_Z, HEADS_T, HEAD_DIM), _pair_op),
-    "tri_att_end": (lambda: TriangleAttention(C_Z, HEADS_T, HEAD_DIM, ending=True), _pair_op_transposed),
-    "pair_transition": (lambda: Transition(C_Z, FACTOR), lambda op: lambda s, z, m, layout: (s, op(z))),
-    "single_attention": (lambda: AttentionPairBias(C_S, C_Z, HEADS_S), lambda op: lambda s, z, m, layout: (op(s, z, m, layout), z)),
-    "block": (lambda: PairformerBlock(C_S, C_Z, HEADS_S, HEADS_T, HEAD_DIM, FACTOR), lambda op: op),
-}
+CASES = block_cases(C_S, C_Z, HEADS_S, HEADS_T, HEAD_DIM, FACTOR)
 
 
 def _check_case(name: str, seed: int, errors: dict) -> None:
@@ -92,17 +69,17 @@ def _check_case(name: str, seed: int, errors: dict) -> None:
         ((z_out_l[:k, :N] * wz[real, :N]).sum() + (s_out_l[:k] * ws[real]).sum()).backward()
     all_reduce_grads(mod, layout)
 
-    errors[f"{name}/z"] = _rel(z_out_l[:k, :N], z_out[real])
-    errors[f"{name}/s"] = _rel(s_out_l[:k], s_out[real])
-    errors[f"{name}/grad_z"] = _rel(z_loc.grad[:k, :N], z_ref.grad[real])
-    errors[f"{name}/grad_s"] = _rel(s_loc.grad[:k], s_ref.grad[real])
+    errors[f"{name}/z"] = rel_error(z_out_l[:k, :N], z_out[real])
+    errors[f"{name}/s"] = rel_error(s_out_l[:k], s_out[real])
+    errors[f"{name}/grad_z"] = rel_error(z_loc.grad[:k, :N], z_ref.grad[real])
+    errors[f"{name}/grad_s"] = rel_error(s_loc.grad[:k], s_ref.grad[real])
     for (pname, p), p_ref in zip(mod.named_parameters(), ref.parameters()):
-        errors[f"{name}/grad/{pname}"] = _rel(p.grad, p_ref.grad)
+        errors[f"{name}/grad/{pname}"] = rel_error(p.grad, p_ref.grad)
 
     with torch.no_grad(), chunking.override_budget(LEAN_BUDGET_B):
         s_lean, z_lean = wrap(mod)(s[rows].clone(), z[rows, :n_pad].clone(), mask[:n_pad], layout)
-    errors[f"{name}/lean_z"] = _rel(z_lean[:k, :N], z_out[real])
-    errors[f"{name}/lean_s"] = _rel(s_lean[:k], s_out[real])
+    errors[f"{name}/lean_z"] = rel_error(z_lean[:k, :N], z_out[real])
+    errors[f"{name}/lean_s"] = rel_error(s_lean[:k], s_out[real])
 
 
 def _check_trunk_and_training(seed: int, errors: dict, losses: dict) -> None:
@@ -129,22 +106,22 @@ def _check_trunk_and_training(seed: int, errors: dict, losses: dict) -> None:
         s_cp, z_cp = mod(batch, layout, recycles=1, checkpointing=True)
         trunk_loss(s_cp, z_cp, batch["token_mask"], layout).backward()
     all_reduce_grads(mod, layout)
-    errors["trunk/z"] = _rel(z_cp[:k, :N], z_ref[real])
-    errors["trunk/s"] = _rel(s_cp[:k], s_ref[real])
+    errors["trunk/z"] = rel_error(z_cp[:k, :N], z_ref[real])
+    errors["trunk/s"] = rel_error(s_cp[:k], s_ref[real])
     # Norm-wise over the model, and each parameter within TRUNK_PARAM_TOL: through the whole input
     # embedding (atom encoder, MSA module) and recycling, a LayerNorm bias's gradient is a sum
     # over N² positions that largely cancels, so its own norm is a poor scale for fp32 rounding.
     grads = torch.cat([p.grad.reshape(-1) for p in mod.parameters()])
     grads_ref = torch.cat([p.grad.reshape(-1) for p in ref.parameters()])
-    errors["trunk/grads"] = _rel(grads, grads_ref)
+    errors["trunk/grads"] = rel_error(grads, grads_ref)
     for (pname, p), p_ref in zip(mod.named_parameters(), ref.parameters()):
-        errors[f"trunk/grad/{pname}"] = _rel(p.grad, p_ref.grad) * TOL / TRUNK_PARAM_TOL
+        errors[f"trunk/grad/{pname}"] = rel_error(p.grad, p_ref.grad) * TOL / TRUNK_PARAM_TOL
     mod.zero_grad(set_to_none=True)
     ref.zero_grad(set_to_none=True)
 
     with torch.no_grad(), chunking.override_budget(LEAN_BUDGET_B):
         s_lean, z_lean = mod(batch, layout, recycles=1)
-    errors["trunk/lean_z"] = _rel(z_lean[:k, :N], z_ref[real])
+    errors["trunk/lean_z"] = rel_error(z_lean[:k, :N], z_ref[real])
 
     for key, adapter in (("ref", serial), ("cp", sharded)):
         model, b = built[key]
@@ -153,7 +130,7 @@ def _check_trunk_and_training(seed: int, errors: dict, losses: dict) -> None:
     # own gradient scale, so a component whose gradient is ~0 carries fp32 rounding into its update.
     flat = torch.cat([p.detach().reshape(-1) for p in mod.parameters()])
     flat_ref = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
-    errors["train3/params"] = _rel(flat, flat_ref) * TOL / TRUNK_PARAM_TOL
+    errors["train3/params"] = rel_error(flat, flat_ref) * TOL / TRUNK_PARAM_TOL
 
 
 def _block_bytes(seed: int) -> tuple[int, int]:

@@ -5,22 +5,15 @@ accounting, ``torch.distributed._tools.mem_tracker.MemTracker``, on CPU, as the 
 from __future__ import annotations
 
 import torch
-from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.device_mesh import init_device_mesh
 
 from _dist import run_distributed
+from _parity import peak_bytes
 from cpbench.models.pairformer.block import PairformerBlock
 from cpbench.models.pairformer.layout import layout_from_mesh, serial_layout
 
 N, C_S, C_Z = 128, 32, 32  # pair tensor 2 MiB at cp=1 (fp32), 0.5 MiB tiles on 2x2, ~0.2 MiB of weights
 
-
-def _peak_b(block, s, z, mask, layout) -> int:
-    tracker = MemTracker()
-    tracker.track_external(block)
-    with tracker, torch.no_grad():
-        block(s, z, mask, layout)
-    return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
 
 
 def _memory_worker(rank: int, world: int) -> dict:
@@ -32,7 +25,7 @@ def _memory_worker(rank: int, world: int) -> dict:
     for name, layout in (("cp1", serial_layout()), ("2x2", grid)):
         rows, cols = layout.rows(N), layout.cols(N)
         z = torch.randn(rows.stop - rows.start, cols.stop - cols.start, C_Z)
-        peaks[name] = _peak_b(block, torch.randn(rows.stop - rows.start, C_S), z, mask, layout)
+        peaks[name] = peak_bytes(block, torch.randn(rows.stop - rows.start, C_S), z, mask, layout)
         peaks[name + "_pair"] = z.numel() * z.element_size()
     return peaks
 

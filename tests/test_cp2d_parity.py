@@ -18,16 +18,12 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from _dist import run_distributed
+from _parity import block_cases, rel_error
 from cpbench.models.pairformer import chunking, comm
 from cpbench.models.pairformer.adapter import PairformerAdapter, all_reduce_grads, trunk_loss
-from cpbench.models.pairformer.block import PairformerBlock
-from cpbench.models.pairformer.comm import transpose_pair
 from cpbench.models.pairformer.grid import RingWalk
 from cpbench.models.pairformer.layout import layout_from_mesh, serial_layout
-from cpbench.models.pairformer.single_att import AttentionPairBias
-from cpbench.models.pairformer.transition import Transition
-from cpbench.models.pairformer.triatt import TriangleAttention
-from cpbench.models.pairformer.trimul import TriangleMultiplication, triangle_product
+from cpbench.models.pairformer.trimul import triangle_product
 
 N, N_MAX_PAD = 13, 16
 C_S, C_Z, HEADS_S, HEADS_T, HEAD_DIM, FACTOR = 16, 8, 2, 2, 4, 2
@@ -41,29 +37,10 @@ TOL = 1e-5
 LEAN_BUDGET_B = 2048  # forces multi-chunk loops (rows, channels)
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30)) if (a - b).norm() > 0 else 0.0
 
 
-def _pair_op(op):
-    return lambda s, z, m, layout: (s, op(z, m, layout))
 
-
-def _pair_op_transposed(op):
-    """Incoming / ending ops read Z^T: switch there and back."""
-    return lambda s, z, m, layout: (s, transpose_pair(op(transpose_pair(z, layout), m, layout), layout))
-
-
-CASES = {
-    "tri_mul_out": (lambda: TriangleMultiplication(C_Z), _pair_op),
-    "tri_mul_in": (lambda: TriangleMultiplication(C_Z, incoming=True), _pair_op_transposed),
-    "tri_att_start": (lambda: TriangleAttention(C_Z, HEADS_T, HEAD_DIM), _pair_op),
-    "tri_att_end": (lambda: TriangleAttention(C_Z, HEADS_T, HEAD_DIM, ending=True), _pair_op_transposed),
-    "pair_transition": (lambda: Transition(C_Z, FACTOR), lambda op: lambda s, z, m, layout: (s, op(z))),
-    "single_attention": (lambda: AttentionPairBias(C_S, C_Z, HEADS_S), lambda op: lambda s, z, m, layout: (op(s, z, m, layout), z)),
-    "block": (lambda: PairformerBlock(C_S, C_Z, HEADS_S, HEADS_T, HEAD_DIM, FACTOR), lambda op: op),
-}
+CASES = block_cases(C_S, C_Z, HEADS_S, HEADS_T, HEAD_DIM, FACTOR)
 
 
 def _mesh(shape: tuple[int, int]):
@@ -114,17 +91,17 @@ def _check_case(name: str, seed: int, layout, errors: dict) -> None:
         ((z_out_l[:kr, :kc] * wz[rr, rc]).sum() + s_weight * (s_out_l[:kr] * ws[rr]).sum()).backward()
     all_reduce_grads(mod, layout)
 
-    errors[f"{name}/z"] = _rel(z_out_l[:kr, :kc], z_out[rr, rc])
-    errors[f"{name}/s"] = _rel(s_out_l[:kr], s_out[rr])
-    errors[f"{name}/grad_z"] = _rel(z_loc.grad[:kr, :kc], z_ref.grad[rr, rc])
-    errors[f"{name}/grad_s"] = _rel(_row_sum(s_loc.grad, layout)[:kr], s_ref.grad[rr])
+    errors[f"{name}/z"] = rel_error(z_out_l[:kr, :kc], z_out[rr, rc])
+    errors[f"{name}/s"] = rel_error(s_out_l[:kr], s_out[rr])
+    errors[f"{name}/grad_z"] = rel_error(z_loc.grad[:kr, :kc], z_ref.grad[rr, rc])
+    errors[f"{name}/grad_s"] = rel_error(_row_sum(s_loc.grad, layout)[:kr], s_ref.grad[rr])
     for (pname, p), p_ref in zip(mod.named_parameters(), ref.parameters()):
-        errors[f"{name}/grad/{pname}"] = _rel(p.grad, p_ref.grad)
+        errors[f"{name}/grad/{pname}"] = rel_error(p.grad, p_ref.grad)
 
     with torch.no_grad(), chunking.override_budget(LEAN_BUDGET_B):
         s_lean, z_lean = wrap(mod)(s[rows].clone(), z[rows, cols].clone(), mask[:n_pad], layout)
-    errors[f"{name}/lean_z"] = _rel(z_lean[:kr, :kc], z_out[rr, rc])
-    errors[f"{name}/lean_s"] = _rel(s_lean[:kr], s_out[rr])
+    errors[f"{name}/lean_z"] = rel_error(z_lean[:kr, :kc], z_out[rr, rc])
+    errors[f"{name}/lean_s"] = rel_error(s_lean[:kr], s_out[rr])
 
 
 def _check_trunk_and_training(seed: int, shape: tuple[int, int], errors: dict, losses: dict, stats: dict) -> None:
@@ -148,17 +125,17 @@ def _check_trunk_and_training(seed: int, shape: tuple[int, int], errors: dict, l
     s_cp, z_cp = mod(batch, layout, recycles=1, checkpointing=True)
     trunk_loss(s_cp, z_cp, batch["token_mask"], layout).backward()
     all_reduce_grads(mod, layout)
-    errors["trunk/z"] = _rel(z_cp[:kr, :kc], z_ref[rr, rc])
-    errors["trunk/s"] = _rel(s_cp[:kr], s_ref[rr])
+    errors["trunk/z"] = rel_error(z_cp[:kr, :kc], z_ref[rr, rc])
+    errors["trunk/s"] = rel_error(s_cp[:kr], s_ref[rr])
     for (pname, p), p_ref in zip(mod.named_parameters(), ref.parameters()):
-        errors[f"trunk/grad/{pname}"] = _rel(p.grad, p_ref.grad)
+        errors[f"trunk/grad/{pname}"] = rel_error(p.grad, p_ref.grad)
     mod.zero_grad(set_to_none=True)
     ref.zero_grad(set_to_none=True)
 
     with torch.no_grad(), chunking.override_budget(LEAN_BUDGET_B):
         s_lean, z_lean = mod(batch, layout, recycles=1)
-    errors["trunk/lean_z"] = _rel(z_lean[:kr, :kc], z_ref[rr, rc])
-    errors["trunk/lean_s"] = _rel(s_lean[:kr], s_ref[rr])
+    errors["trunk/lean_z"] = rel_error(z_lean[:kr, :kc], z_ref[rr, rc])
+    errors["trunk/lean_s"] = rel_error(s_lean[:kr], s_ref[rr])
 
     sharded.run_step(mod, batch, train=False)
     stats.update(sharded.stats())
@@ -166,7 +143,7 @@ def _check_trunk_and_training(seed: int, shape: tuple[int, int], errors: dict, l
         model, b = built[key]
         losses[key] = [float(adapter.run_step(model, b, train=True)) for _ in range(3)]
     for (pname, p), p_ref in zip(mod.named_parameters(), ref.parameters()):
-        errors[f"train3/param/{pname}"] = _rel(p, p_ref)
+        errors[f"train3/param/{pname}"] = rel_error(p, p_ref)
 
 
 def _cannon_bytes(layout) -> tuple[int, int]:

@@ -17,6 +17,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 from _dist import run_distributed
+from _parity import rel_error
 from cpbench.data.sharding import pad_features
 from cpbench.data.synthetic import make_synthetic_features
 from cpbench.models.pairformer import chunking
@@ -30,10 +31,6 @@ STEPS, SAMPLES = 3, 2
 TOL = 1e-5
 LEAN_BUDGET_B = 1024  # forces multi-chunk loops (pair rows, query rows, atom windows)
 
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def _real_atoms(x: torch.Tensor, atom_mask: torch.Tensor) -> torch.Tensor:
@@ -60,7 +57,7 @@ def _check(seed: int, budget_b: int | None, layout) -> dict[str, float]:
     with torch.no_grad(), chunking.override_budget(budget_b):
         ref = module.prepare(s_trunk[:N], z[:N, :N].clone(), s_inputs[:N], ref_feats, serial)
         ctx = module.prepare(s_trunk[rows], z[rows, cols].clone(), s_inputs, feats, layout)
-        errors["z_hat"] = _rel(ctx.z_hat[real_rows - rows.start][:, real_cols - cols.start],
+        errors["z_hat"] = rel_error(ctx.z_hat[real_rows - rows.start][:, real_cols - cols.start],
                                ref.z_hat[real_rows][:, real_cols])
 
         mine = ctx.real_index[ctx.atom_mask]  # global order of this rank's real atoms
@@ -71,9 +68,9 @@ def _check(seed: int, budget_b: int | None, layout) -> dict[str, float]:
         x_ref[:, ref_feats["atom_mask"]] = x_real
         x_local = torch.zeros(SAMPLES, ctx.local.stop - ctx.local.start, 3)
         x_local[:, ctx.atom_mask] = x_real[:, mine]
-        errors["denoiser"] = _rel(_real_atoms(module(x_local, t, ctx), ctx.atom_mask),
+        errors["denoiser"] = rel_error(_real_atoms(module(x_local, t, ctx), ctx.atom_mask),
                                   _real_atoms(module(x_ref, t, ref), ref.atom_mask)[:, mine])
-        errors["sampler"] = _rel(_real_atoms(sample(module, ctx, STEPS, SAMPLES, seed=seed), ctx.atom_mask),
+        errors["sampler"] = rel_error(_real_atoms(sample(module, ctx, STEPS, SAMPLES, seed=seed), ctx.atom_mask),
                                  _real_atoms(sample(module, ref, STEPS, SAMPLES, seed=seed), ref.atom_mask)[:, mine])
     return errors
 

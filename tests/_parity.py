@@ -1,0 +1,54 @@
+"""Shared pieces of the parity and memory tests: the error measure, the per-op cases of a
+Pairformer block, and torch's own peak-memory accounting of one call on the CPU."""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from cpbench.models.pairformer.block import PairformerBlock
+from cpbench.models.pairformer.comm import transpose_pair
+from cpbench.models.pairformer.single_att import AttentionPairBias
+from cpbench.models.pairformer.transition import Transition
+from cpbench.models.pairformer.triatt import TriangleAttention
+from cpbench.models.pairformer.trimul import TriangleMultiplication
+
+
+def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Norm-wise relative error ``|a - b| / |b|`` in float64 (0 when equal)."""
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30)) if (a - b).norm() > 0 else 0.0
+
+
+def _pair_op(op):
+    return lambda s, z, m, layout: (s, op(z, m, layout))
+
+
+def _pair_op_transposed(op):
+    """Incoming / ending ops read Z^T rows: switch there and back."""
+    return lambda s, z, m, layout: (s, transpose_pair(op(transpose_pair(z, layout), m, layout), layout))
+
+
+def block_cases(c_s: int, c_z: int, heads_s: int, heads_t: int, head_dim: int, factor: int) -> dict:
+    """``{name: (build_module, wrap)}`` for every op of a block and the block itself; ``wrap(module)``
+    is a callable ``(s, z, token_mask, layout) -> (s, z)`` on the op's natural layout."""
+    return {
+        "tri_mul_out": (lambda: TriangleMultiplication(c_z), _pair_op),
+        "tri_mul_in": (lambda: TriangleMultiplication(c_z, incoming=True), _pair_op_transposed),
+        "tri_att_start": (lambda: TriangleAttention(c_z, heads_t, head_dim), _pair_op),
+        "tri_att_end": (lambda: TriangleAttention(c_z, heads_t, head_dim, ending=True), _pair_op_transposed),
+        "pair_transition": (lambda: Transition(c_z, factor), lambda op: lambda s, z, m, layout: (s, op(z))),
+        "single_attention": (lambda: AttentionPairBias(c_s, c_z, heads_s),
+                             lambda op: lambda s, z, m, layout: (op(s, z, m, layout), z)),
+        "block": (lambda: PairformerBlock(c_s, c_z, heads_s, heads_t, head_dim, factor), lambda op: op),
+    }
+
+
+def peak_bytes(module: torch.nn.Module, *args) -> int:
+    """Peak CPU bytes of ``module(*args)`` without autograd, by torch's MemTracker (parameters,
+    inputs and every transient it allocates)."""
+    tracker = MemTracker()
+    tracker.track_external(module)
+    with tracker, torch.no_grad():
+        module(*args)
+    return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
