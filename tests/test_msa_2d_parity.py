@@ -31,6 +31,10 @@ C_S, C_Z = 16, 8
 MSA = dict(c_m=8, c_z=C_Z, c_s=C_S, blocks=2, heads_tri=2, head_dim_tri=4, transition_factor=2, c_opm=4,
            heads_pwa=2, head_dim_pwa=4)
 TOL = 1e-5
+# Whole trunk (as in test_cp2d_parity / test_cp1d_parity): gradients norm-wise over the model at
+# TOL, per parameter at TRUNK_PARAM_TOL (small-gradient parameters deep in the chain, such as the
+# atom encoder's biases, see fp32 rounding of ~1e-5 relative).
+TRUNK_PARAM_TOL = 1e-4
 LEAN_BUDGET_B = 1024  # forces multi-chunk loops (S chunks, column chunks, pair rows)
 FP32_B = 4
 TRUNK = dict(c_s=C_S, c_z=C_Z, blocks=1, heads_single=2, heads_tri=2, head_dim_tri=4, transition_factor=2,
@@ -74,8 +78,12 @@ def _check_trunk(mesh, seed: int, errors: dict) -> None:
         errors["trunk/z"] = _rel(z_cp[:kr, :kc], z_ref[real_r, real_c])
     if kr:
         errors["trunk/s"] = _rel(s_cp[:kr], s_ref[real_r])
+    grads, grads_ref = [], []
     for (name, p), p_ref in zip(mod.named_parameters(), ref.parameters()):
         errors[f"trunk/grad/{name}"] = _rel(p.grad, p_ref.grad)
+        grads.append(p.grad.reshape(-1))
+        grads_ref.append(p_ref.grad.reshape(-1))
+    errors["trunk/grad_model"] = _rel(torch.cat(grads), torch.cat(grads_ref))
     with torch.no_grad(), chunking.override_budget(LEAN_BUDGET_B):
         s_lean, z_lean = mod(batch, layout, recycles=1)
     if kr and kc:
@@ -147,7 +155,8 @@ def test_msa_module_and_its_trunk_on_2d_grids_match_cp1_with_documented_volumes(
     cp = cp0 * cp1
     results = run_distributed(_worker, cp, args=(shape, seed), timeout_s=240)
     for rank, res in enumerate(results):
-        bad = {k: v for k, v in res["errors"].items() if not v < TOL}
+        bad = {k: v for k, v in res["errors"].items()
+               if not v < (TRUNK_PARAM_TOL if k.startswith("trunk/grad/") else TOL)}
         assert not bad, f"grid {cp0}x{cp1} seed {seed} rank {rank}: relative errors above {TOL}: {bad}"
         assert res["lean_chunks"], "the no-grad paths ran in one chunk: the chunked loops went untested"
         n_rows = res["n_pad"] // cp0
