@@ -19,6 +19,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 from _dist import run_distributed
+from _parity import rel_error
 from cpbench.data.sharding import pad_features
 from cpbench.data.synthetic import MSA_KEYS, make_synthetic_features
 from cpbench.models.pairformer import chunking, comm
@@ -39,11 +40,6 @@ LEAN_BUDGET_B = 1024  # forces multi-chunk loops (S chunks, column chunks, pair 
 FP32_B = 4
 TRUNK = dict(c_s=C_S, c_z=C_Z, blocks=1, heads_single=2, heads_tri=2, head_dim_tri=4, transition_factor=2,
              c_atom=8, c_atompair=4, atom_blocks=1, atom_heads=2, c_m=8, msa_blocks=2)
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30)) if (a - b).norm() > 0 else 0.0
 
 
 def _features(seed: int, units: int) -> dict[str, torch.Tensor]:
@@ -75,19 +71,19 @@ def _check_trunk(mesh, seed: int, errors: dict) -> None:
     trunk_loss(s_cp, z_cp, batch["token_mask"], layout).backward()
     all_reduce_grads(mod, layout)
     if kr and kc:
-        errors["trunk/z"] = _rel(z_cp[:kr, :kc], z_ref[real_r, real_c])
+        errors["trunk/z"] = rel_error(z_cp[:kr, :kc], z_ref[real_r, real_c])
     if kr:
-        errors["trunk/s"] = _rel(s_cp[:kr], s_ref[real_r])
+        errors["trunk/s"] = rel_error(s_cp[:kr], s_ref[real_r])
     grads, grads_ref = [], []
     for (name, p), p_ref in zip(mod.named_parameters(), ref.parameters()):
-        errors[f"trunk/grad/{name}"] = _rel(p.grad, p_ref.grad)
+        errors[f"trunk/grad/{name}"] = rel_error(p.grad, p_ref.grad)
         grads.append(p.grad.reshape(-1))
         grads_ref.append(p_ref.grad.reshape(-1))
-    errors["trunk/grad_model"] = _rel(torch.cat(grads), torch.cat(grads_ref))
+    errors["trunk/grad_model"] = rel_error(torch.cat(grads), torch.cat(grads_ref))
     with torch.no_grad(), chunking.override_budget(LEAN_BUDGET_B):
         s_lean, z_lean = mod(batch, layout, recycles=1)
     if kr and kc:
-        errors["trunk/lean_z"] = _rel(z_lean[:kr, :kc], z_ref[real_r, real_c])
+        errors["trunk/lean_z"] = rel_error(z_lean[:kr, :kc], z_ref[real_r, real_c])
 
 
 def _worker(rank: int, world: int, shape: tuple[int, int], seed: int) -> dict:
@@ -118,17 +114,17 @@ def _worker(rank: int, world: int, shape: tuple[int, int], seed: int) -> dict:
     (z_out[:kr, :kc] * wz[real_r, real_c]).sum().backward()  # this rank's share of the loss
     all_reduce_grads(mod, layout)
     if kr and kc:  # a tile of padding only has nothing to compare
-        errors["z"] = _rel(z_out[:kr, :kc], z_out_ref[real_r, real_c])
-        errors["grad_z"] = _rel(z_loc.grad[:kr, :kc], z_ref.grad[real_r, real_c])
+        errors["z"] = rel_error(z_out[:kr, :kc], z_out_ref[real_r, real_c])
+        errors["grad_z"] = rel_error(z_loc.grad[:kr, :kc], z_ref.grad[real_r, real_c])
     for (name, p), p_ref in zip(mod.named_parameters(), ref.parameters()):
         assert p.grad is not None and p_ref.grad is not None, f"{name}: no gradient"
-        errors[f"grad/{name}"] = _rel(p.grad, p_ref.grad)
+        errors[f"grad/{name}"] = rel_error(p.grad, p_ref.grad)
 
     volumes: dict[str, int] = {}
     with torch.no_grad(), chunking.override_budget(LEAN_BUDGET_B):
         z_lean = mod(feats, s_inputs, z[rows, cols].clone(), layout)
         if kr and kc:
-            errors["lean_z"] = _rel(z_lean[:kr, :kc], z_out_ref[real_r, real_c])
+            errors["lean_z"] = rel_error(z_lean[:kr, :kc], z_out_ref[real_r, real_c])
         # Volumes of the two MSA <-> pair ops alone, on the chunked path.
         m = torch.randn(S, rows.stop - rows.start, MSA["c_m"], generator=g)
         opm, pwa = mod.blocks[0].outer_product_mean, mod.blocks[0].pair_weighted_averaging
