@@ -30,8 +30,8 @@ C_S, C_Z, HEADS_S, HEADS_T, HEAD_DIM, FACTOR = 16, 8, 2, 2, 4, 2
 TINY = dict(c_s=C_S, c_z=C_Z, blocks=2, heads_single=HEADS_S, heads_tri=HEADS_T, head_dim_tri=HEAD_DIM,
             transition_factor=FACTOR)
 if "msa_blocks" in inspect.signature(PairformerAdapter).parameters:
-    # The MSA module (issue 4) has no 2d implementation yet: the trunk here is embedder, atom
-    # encoder and Pairformer blocks.
+    # The trunk here is embedder, atom encoder and Pairformer blocks; the MSA module's 2d parity
+    # (alone and in the trunk) is tests/test_msa_2d_parity.py, which keeps this spawn short.
     TINY.update(c_atom=8, c_atompair=4, atom_blocks=1, atom_heads=2, msa_blocks=0)
 TOL = 1e-5
 LEAN_BUDGET_B = 2048  # forces multi-chunk loops (rows, channels)
