@@ -175,8 +175,8 @@ class OuterProductMean(nn.Module):
         mask_t = msa_mask.t().to(z.dtype)  # [R, S]
         # per local token: LayerNorm + projection of m, the sent b, the gathered copies and a piece
         per_token_b = s_total * (3 * m.shape[-1] + (col.size + 2) * (c + 1)) * es
-        # the gathers run in lock-step over the whole grid: one agreed chunk count
-        w = comm.agree_min(chunking.rows_per_chunk(n_rows, per_token_b, budget_b // 2), layout, z.device)
+        # the gathers run in lock-step over the grid: the chunk count derives from the agreed budget
+        w = chunking.rows_per_chunk(n_rows, per_token_b, budget_b // 2)
         for js in chunking.slices(n_rows, w):
             got = gather_column_chunk(self._b_and_mask(m[:, js], msa_mask[:, js]), col)  # [cp0, S, w, c+1]
             for piece, zc in _column_pieces(got, js, n_rows, layout):
@@ -315,7 +315,7 @@ class PairWeightedAveraging(nn.Module):
         # per MSA row: m's LayerNorm and v/g projections, the gathered copies of v, the tile
         # columns' v and the partial output
         per_s_b = (2 * n_rows * c_m + (col.size + 4) * n_rows * h * d + n_cols * h * d) * es
-        sc = comm.agree_min(chunking.rows_per_chunk(s_total, per_s_b, budget_b // 2), layout, z.device)
+        sc = chunking.rows_per_chunk(s_total, per_s_b, budget_b // 2)  # from the agreed budget: same on every rank
         for ss in chunking.slices(s_total, sc):
             s_len = ss.stop - ss.start
             mn = self.norm_m(m[ss])
