@@ -18,7 +18,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 from _dist import run_distributed
-from _parity import block_cases, rel_error
+from _parity import TOL, block_cases, record_trained_param_errors, record_trunk_grad_errors, rel_error
 from cpbench.models.pairformer import chunking, comm
 from cpbench.models.pairformer.adapter import PairformerAdapter, all_reduce_grads, trunk_loss
 from cpbench.models.pairformer.block import PairformerBlock
@@ -29,8 +29,6 @@ C_S, C_Z, HEADS_S, HEADS_T, HEAD_DIM, FACTOR = 16, 8, 2, 2, 4, 2
 TINY = dict(c_s=C_S, c_z=C_Z, blocks=2, heads_single=HEADS_S, heads_tri=HEADS_T, head_dim_tri=HEAD_DIM,
             transition_factor=FACTOR,
             c_atom=8, c_atompair=4, atom_blocks=2, atom_heads=2, c_m=8, msa_blocks=2)  # atom encoder, MSA module
-TOL = 1e-5
-TRUNK_PARAM_TOL = 1e-4  # per parameter, whole trunk (see _check_trunk_and_training)
 LEAN_BUDGET_B = 2048  # forces multi-chunk loops (rows, channels, gathered operand rows)
 
 
@@ -108,14 +106,7 @@ def _check_trunk_and_training(seed: int, errors: dict, losses: dict) -> None:
     all_reduce_grads(mod, layout)
     errors["trunk/z"] = rel_error(z_cp[:k, :N], z_ref[real])
     errors["trunk/s"] = rel_error(s_cp[:k], s_ref[real])
-    # Norm-wise over the model, and each parameter within TRUNK_PARAM_TOL: through the whole input
-    # embedding (atom encoder, MSA module) and recycling, a LayerNorm bias's gradient is a sum
-    # over N² positions that largely cancels, so its own norm is a poor scale for fp32 rounding.
-    grads = torch.cat([p.grad.reshape(-1) for p in mod.parameters()])
-    grads_ref = torch.cat([p.grad.reshape(-1) for p in ref.parameters()])
-    errors["trunk/grads"] = rel_error(grads, grads_ref)
-    for (pname, p), p_ref in zip(mod.named_parameters(), ref.parameters()):
-        errors[f"trunk/grad/{pname}"] = rel_error(p.grad, p_ref.grad) * TOL / TRUNK_PARAM_TOL
+    record_trunk_grad_errors(errors, mod, ref)
     mod.zero_grad(set_to_none=True)
     ref.zero_grad(set_to_none=True)
 
@@ -126,11 +117,7 @@ def _check_trunk_and_training(seed: int, errors: dict, losses: dict) -> None:
     for key, adapter in (("ref", serial), ("cp", sharded)):
         model, b = built[key]
         losses[key] = [float(adapter.run_step(model, b, train=True)) for _ in range(3)]
-    # Norm-wise over all parameters, within TRUNK_PARAM_TOL: AdamW divides each component by its
-    # own gradient scale, so a component whose gradient is ~0 carries fp32 rounding into its update.
-    flat = torch.cat([p.detach().reshape(-1) for p in mod.parameters()])
-    flat_ref = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
-    errors["train3/params"] = rel_error(flat, flat_ref) * TOL / TRUNK_PARAM_TOL
+    record_trained_param_errors(errors, mod, ref)
 
 
 def _block_bytes(seed: int) -> tuple[int, int]:

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from _dist import run_distributed
-from _parity import block_cases, rel_error
+from _parity import TOL, block_cases, record_trained_param_errors, record_trunk_grad_errors, rel_error
 from cpbench.models.pairformer import chunking, comm
 from cpbench.models.pairformer.adapter import PairformerAdapter, all_reduce_grads, trunk_loss
 from cpbench.models.pairformer.grid import RingWalk
@@ -33,7 +33,6 @@ if "msa_blocks" in inspect.signature(PairformerAdapter).parameters:
     # The trunk here is embedder, atom encoder and Pairformer blocks; the MSA module's 2d parity
     # (alone and in the trunk) is tests/test_msa_2d_parity.py, which keeps this spawn short.
     TINY.update(c_atom=8, c_atompair=4, atom_blocks=1, atom_heads=2, msa_blocks=0)
-TOL = 1e-5
 LEAN_BUDGET_B = 2048  # forces multi-chunk loops (rows, channels)
 
 
@@ -127,8 +126,7 @@ def _check_trunk_and_training(seed: int, shape: tuple[int, int], errors: dict, l
     all_reduce_grads(mod, layout)
     errors["trunk/z"] = rel_error(z_cp[:kr, :kc], z_ref[rr, rc])
     errors["trunk/s"] = rel_error(s_cp[:kr], s_ref[rr])
-    for (pname, p), p_ref in zip(mod.named_parameters(), ref.parameters()):
-        errors[f"trunk/grad/{pname}"] = rel_error(p.grad, p_ref.grad)
+    record_trunk_grad_errors(errors, mod, ref)
     mod.zero_grad(set_to_none=True)
     ref.zero_grad(set_to_none=True)
 
@@ -142,8 +140,7 @@ def _check_trunk_and_training(seed: int, shape: tuple[int, int], errors: dict, l
     for key, adapter in (("ref", serial), ("cp", sharded)):
         model, b = built[key]
         losses[key] = [float(adapter.run_step(model, b, train=True)) for _ in range(3)]
-    for (pname, p), p_ref in zip(mod.named_parameters(), ref.parameters()):
-        errors[f"train3/param/{pname}"] = rel_error(p, p_ref)
+    record_trained_param_errors(errors, mod, ref)
 
 
 def _cannon_bytes(layout) -> tuple[int, int]:
