@@ -46,6 +46,16 @@ def _ok_timing(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[sel]
 
 
+def _finish(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> None:
+    """Label, grid and legend of a line plot, then save it."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
 def _save(fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -68,12 +78,7 @@ def plot_max_n(rows: pd.DataFrame, path: Path) -> str | None:
         ax.plot(ideal_cp, max_n[0] * np.sqrt(ideal_cp / cps[0]), "--", color=color, alpha=0.5,
                 label=f"ideal √cp from cp={int(cps[0])}")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("CP size (GPUs)")
-    ax.set_ylabel("max N (tokens)")
-    ax.set_title("Max N that fits vs CP size")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    _save(fig, path)
+    _finish(fig, ax, path, "CP size (GPUs)", "max N (tokens)", "Max N that fits vs CP size")
     return None
 
 
@@ -93,12 +98,7 @@ def plot_walltime(rows: pd.DataFrame, path: Path) -> str | None:
         ax.plot(n, t, "o-", color=f"C{i % 10}", label=f"{_series_label(keys, with_model)}: ∝ N^{k:.2f}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("N (tokens)")
-    ax.set_ylabel("median walltime (ms)")
-    ax.set_title("Walltime vs N")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    _save(fig, path)
+    _finish(fig, ax, path, "N (tokens)", "median walltime (ms)", "Walltime vs N")
     return None
 
 
@@ -135,12 +135,7 @@ def plot_memory(rows: pd.DataFrame, points: pd.DataFrame, path: Path) -> str | N
         ax.plot(grid, [fit.predict_gib(x) for x in grid], "-", color=color, alpha=0.6)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("N (tokens)")
-    ax.set_ylabel("per-rank peak memory (GiB)")
-    ax.set_title("Peak memory vs N (fit a·N²+b·N+c)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    _save(fig, path)
+    _finish(fig, ax, path, "N (tokens)", "per-rank peak memory (GiB)", "Peak memory vs N (fit a·N²+b·N+c)")
     return None
 
 
