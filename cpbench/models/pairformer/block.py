@@ -11,6 +11,7 @@ elements: O(N²·c_z) whatever P (the 2d layout of issue 6 cuts it to O(N²·c_z
 from __future__ import annotations
 
 from functools import partial
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -23,6 +24,17 @@ from cpbench.models.pairformer.single_att import AttentionPairBias
 from cpbench.models.pairformer.transition import Transition
 from cpbench.models.pairformer.triatt import TriangleAttention
 from cpbench.models.pairformer.trimul import TriangleMultiplication
+
+
+def op_runner(z: torch.Tensor, layout: Layout, checkpoint_ops: bool) -> Callable[..., Any]:
+    """``run(op, *args)``: calls ``op(*args)``, checkpointed when ``checkpoint_ops`` and autograd
+    is on, so that a checkpointed block's recompute holds one op's activations at a time. The
+    ops chunk by the memory budget: it is agreed over the ranks once and frozen for the recompute
+    (``z``: this rank's pair shard, which the budget is measured against)."""
+    if not (checkpoint_ops and torch.is_grad_enabled()):
+        return lambda op, *args: op(*args)
+    frozen = partial(chunking.frozen_budget, comm.agree_min(chunking.budget_bytes(z), layout, z.device))
+    return lambda op, *args: checkpoint(op, *args, use_reentrant=False, context_fn=frozen)
 
 
 class PairformerBlock(nn.Module):
@@ -44,15 +56,7 @@ class PairformerBlock(nn.Module):
                 checkpoint_ops: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """``checkpoint_ops``: checkpoint each op (with autograd), so that the recompute of a
         checkpointed block holds one op's activations at a time, not the whole block's."""
-        checkpointed = checkpoint_ops and torch.is_grad_enabled()
-        if checkpointed:  # ops chunk by the budget: freeze it for their recompute, same on every rank
-            frozen = partial(chunking.frozen_budget, comm.agree_min(chunking.budget_bytes(z), layout, z.device))
-
-        def run(op, *args):
-            if checkpointed:
-                return checkpoint(op, *args, use_reentrant=False, context_fn=frozen)
-            return op(*args)
-
+        run = op_runner(z, layout, checkpoint_ops)
         z = run(self.tri_mul_out, z, token_mask, layout)
         z = run(self.tri_mul_in, transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
         z = run(self.tri_att_start, transpose_pair(z, layout), token_mask, layout)  # on Z rows

@@ -30,8 +30,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from cpbench.data.vocab import NUM_RESTYPES
+from cpbench.models.pairformer.block import op_runner
 from cpbench.models.pairformer.comm import transpose_pair
 from cpbench.models.pairformer.layout import Layout
 from cpbench.models.pairformer.msa_ops import OuterProductMean, PairWeightedAveraging
@@ -64,17 +66,19 @@ class MsaBlock(nn.Module):
         self.pair_transition = Transition(c_z, transition_factor)
 
     def forward(self, m: torch.Tensor, z: torch.Tensor, msa_mask: torch.Tensor, token_mask: torch.Tensor,
-                layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
-        z = self.outer_product_mean(m, z, msa_mask, layout)
+                layout: Layout, checkpoint_ops: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """``checkpoint_ops``: checkpoint each op, as ``PairformerBlock`` does (``block.op_runner``)."""
+        run = op_runner(z, layout, checkpoint_ops)
+        z = run(self.outer_product_mean, m, z, msa_mask, layout)
         if self.msa_updates:
-            m = self.pair_weighted_averaging(m, z, token_mask, layout)
-            m = self.msa_transition(m)
+            m = run(self.pair_weighted_averaging, m, z, token_mask, layout)
+            m = run(self.msa_transition, m)
         # The pair updates of a Pairformer block, in AF3's order (block.py has the same sequence).
-        z = self.tri_mul_out(z, token_mask, layout)
-        z = self.tri_mul_in(transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
-        z = self.tri_att_start(transpose_pair(z, layout), token_mask, layout)  # on Z rows
-        z = self.tri_att_end(transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
-        z = transpose_pair(self.pair_transition(z), layout)  # back to Z rows
+        z = run(self.tri_mul_out, z, token_mask, layout)
+        z = run(self.tri_mul_in, transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
+        z = run(self.tri_att_start, transpose_pair(z, layout), token_mask, layout)  # on Z rows
+        z = run(self.tri_att_end, transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
+        z = transpose_pair(run(self.pair_transition, z), layout)  # back to Z rows
         return m, z
 
 
@@ -115,9 +119,15 @@ class MsaModule(nn.Module):
         return m + self.single_embed(s_inputs[rows]), local("msa_mask")
 
     def forward(self, feats: dict[str, torch.Tensor], s_inputs: torch.Tensor, z: torch.Tensor,
-                layout: Layout) -> torch.Tensor:
+                layout: Layout, run_blocks: int | None = None, checkpointing: bool = False) -> torch.Tensor:
+        """``run_blocks``: run only the first ``run_blocks`` blocks (the probe's depth, as in the
+        trunk). ``checkpointing`` (autograd only): each block checkpointed, its ops nested inside
+        (as the trunk's blocks), so training keeps only the block inputs ``m`` and ``z``."""
         token_mask = feats["token_mask"]
         m, msa_mask = self.embed(feats, s_inputs, layout)
-        for block in self.blocks:
-            m, z = block(m, z, msa_mask, token_mask, layout)
+        for block in self.blocks[:run_blocks]:
+            if checkpointing and torch.is_grad_enabled():
+                m, z = checkpoint(block, m, z, msa_mask, token_mask, layout, True, use_reentrant=False)
+            else:
+                m, z = block(m, z, msa_mask, token_mask, layout)
         return z

@@ -69,10 +69,12 @@ class PairformerTrunk(nn.Module):
         """Args:
             feats: global padded token features (``embed.InputEmbedder``), ``token_mask [N]``.
             recycles: extra trunk passes before the last (no autograd).
-            run_blocks: run only the first ``run_blocks`` blocks (all weights stay allocated).
+            run_blocks: run only the first ``run_blocks`` blocks, of the MSA module too (all
+                weights stay allocated).
             checkpointing: activation checkpointing (autograd only): the block inputs are kept
-                (in the compute dtype), and each op is checkpointed inside the block's
-                recompute, so backward holds one op's activations at a time.
+                (in the compute dtype; the MSA module's blocks likewise), and each op is
+                checkpointed inside the block's recompute, so backward holds one op's
+                activations at a time.
             timer: times the input embedding (``s_inputs`` and each cycle's pair init) as its
                 ``embedding`` stage.
         Returns:
@@ -96,7 +98,7 @@ class PairformerTrunk(nn.Module):
                 with maybe_stage(timer, "embedding"):
                     s, z = self._recycle(s_inputs, feats, rows, s.detach(), z.detach() if grad else z, cols)
                 if self.msa_module is not None:
-                    z = self.msa_module(feats, s_inputs, z, layout)
+                    z = self.msa_module(feats, s_inputs, z, layout, run_blocks, checkpointing)
                 self.block_comm_bytes, self.block_ms = [], []
                 for block in blocks:
                     sent_b, start_s = comm.BYTES.sent_b, now_s(z)
