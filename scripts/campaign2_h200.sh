@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The second H200 campaign (two-GPU machine), in device calls of at most 10 minutes each:
+#   bash scripts/campaign2_h200.sh OUTDIR call1|call2|call3 [SECONDS]
+# call1, two single-GPU lanes side by side:
+#   GPU0: training max-N probe cp=1 (all 64 blocks, checkpointing) -> walltime sweep cp=1 ->
+#         inference with sampling N=1024 cp=1
+#   GPU1: inference with sampling N=2048 cp=1 (boltz2: 3 recycles, 200 steps x 5 samples)
+# call2, cp=2 over both GPUs: training max-N probe -> walltime sweep 1d -> 1d vs 2d (1x2) at
+#   N=4096, 8192 -> inference with sampling N=1024
+# call3, cp=2: inference max-N probes with sampling, 1d and 2d (1x2) -> inference with sampling
+#   N=2048 -> the cp=1 max-N probe with sampling
+# Every phase gets min(its limit, what is left of SECONDS); a phase cut short keeps what it
+# measured (result.json per finished point, probe_state.json per probe point).
+# The walltime sweeps run a one-block slice of the boltz2 trunk (model.blocks=1,
+# model.msa_blocks=0): a 64-block pass at N=8192 takes ~13 min on one H200, eight of them do
+# not fit a device call; the per-block time is what the N-scaling and cp ratio read.
+# CPU dry run of the command lines: DRY=1 bash scripts/campaign2_h200.sh /tmp/dry call1
+set -u
+OUTDIR=${1:?OUTDIR}
+CALL=${2:?call1|call2|call3}
+BUDGET_S=${3:-570}
+DEADLINE=$(( $(date +%s) + BUDGET_S ))
+mkdir -p "$OUTDIR"
+
+if [ "${DRY:-0}" = 1 ]; then  # same phases, CPU-sized
+  MODEL=(model=tiny dtype=fp32) ; SCALE=16 ; unset CUDA_VISIBLE_DEVICES
+else
+  MODEL=(model=boltz2 dtype=bf16) ; SCALE=1
+  nvidia-smi > "$OUTDIR/nvidia-smi_$CALL.txt" 2>&1
+fi
+n() { local out=() v; for v in $(echo "$1" | tr , ' '); do out+=($(( v / SCALE ))); done; (IFS=,; echo "${out[*]}"); }
+
+# phase NAME LIMIT_S overrides... : one multirun into OUTDIR/NAME, log beside it
+phase() {
+  local name=$1 limit=$2; shift 2
+  local left=$(( DEADLINE - $(date +%s) - 10 ))
+  (( left < limit )) && limit=$left
+  if (( limit < 20 )); then echo "skip $name: ${left}s left" | tee -a "$OUTDIR/skipped.txt"; return; fi
+  echo "$(date +%T) start $name (limit ${limit}s)"
+  timeout "$limit" python3 -m cpbench -m "${MODEL[@]}" "$@" \
+    hydra.sweep.dir="$OUTDIR/$name" report.out="$OUTDIR/$name/report.md" > "$OUTDIR/$name.log" 2>&1
+  echo "$(date +%T) end $name rc=$?"
+}
+
+TRUNK=(workflow=inference workflow.recycles=0 workflow.sampling=false)
+SLICE=(model.blocks=1 model.msa_blocks=0)
+SAMPLING=(workflow=inference routine=timing)  # boltz2 defaults: 3 recycles, 200 steps x 5 samples
+# max N with sampling: the peak of a sampler step does not grow with steps, nor with recycles
+# (no autograd): 2 steps, no recycling, probe depth 1 (verified at the first point)
+SAMPLING_PROBE=(workflow=inference workflow.sampling_steps=2 workflow.recycles=0 routine=probe
+                probe.depth=1 probe.growth=2 probe.start=$(n 2048) probe.granularity=$(n 8192))
+TRAIN_PROBE=(workflow=training routine=probe probe.timeout_s=300)
+
+case $CALL in
+call1)
+  ( export CUDA_VISIBLE_DEVICES=0
+    phase probe_training_cp1 280 "${TRAIN_PROBE[@]}" cp=1 probe.start=$(n 2560) probe.growth=1.2 \
+      probe.granularity=$(n 512)
+    phase walltime_cp1 200 "${TRUNK[@]}" "${SLICE[@]}" routine=timing cp=1 N=$(n 512,1024,2048,4096,8192)
+    phase sampling_cp1_n1024 150 "${SAMPLING[@]}" cp=1 N=$(n 1024)
+  ) > "$OUTDIR/lane0.txt" 2>&1 &
+  ( export CUDA_VISIBLE_DEVICES=1
+    phase sampling_cp1_n2048 600 "${SAMPLING[@]}" cp=1 N=$(n 2048)
+  ) > "$OUTDIR/lane1.txt" 2>&1 &
+  wait ;;
+call2)
+  phase probe_training_cp2 330 "${TRAIN_PROBE[@]}" cp=2 topology=1d probe.start=$(n 3584) \
+    probe.growth=1.1428 probe.granularity=$(n 512)
+  phase walltime_cp2_1d 120 "${TRUNK[@]}" "${SLICE[@]}" routine=timing cp=2 topology=1d N=$(n 512,1024,2048,4096,8192)
+  phase walltime_cp2_2d 80 "${TRUNK[@]}" "${SLICE[@]}" routine=timing cp=2 topology=2d topology.cp0=1 N=$(n 4096,8192)
+  phase sampling_cp2_n1024 150 "${SAMPLING[@]}" cp=2 topology=1d N=$(n 1024) ;;
+call3)
+  phase probe_sampling_cp2_1d 200 "${SAMPLING_PROBE[@]}" cp=2 topology=1d probe.timeout_s=150
+  phase probe_sampling_cp2_2d 200 "${SAMPLING_PROBE[@]}" cp=2 topology=2d topology.cp0=1 probe.timeout_s=150
+  phase sampling_cp2_n2048 400 "${SAMPLING[@]}" cp=2 topology=1d N=$(n 2048)
+  CUDA_VISIBLE_DEVICES=0 phase probe_sampling_cp1 400 "${SAMPLING_PROBE[@]}" cp=1 probe.timeout_s=150 ;;
+*) echo "unknown call $CALL"; exit 2 ;;
+esac
+cat "$OUTDIR"/lane*.txt 2>/dev/null
+grep -h -E "probe N=|probe depth|median|error|Error" "$OUTDIR"/*.log 2>/dev/null | cut -c1-240 | tail -60
