@@ -99,6 +99,7 @@ class Point:
     seed: int
     profile: bool
     memory_limit_gib: float | None
+    cuda_alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF for the workers (runner.py)
     model: dict = field(default_factory=dict)
     probe: ProbeSettings | None = None
     timing: TimingSettings | None = None
@@ -284,12 +285,17 @@ def resolve_point(cfg: DictConfig) -> Point:
     elif limit is not None:
         limit = _positive_float("memory.limit_gib", limit, "auto, null or GiB > 0")
 
+    alloc_conf = (data.get("memory") or {}).get("cuda_alloc_conf")
+    if alloc_conf is not None and (not isinstance(alloc_conf, str) or not alloc_conf.strip()):
+        raise ConfigError("memory.cuda_alloc_conf", alloc_conf,
+                          "null or a PYTORCH_CUDA_ALLOC_CONF string such as expandable_segments:True")
+
     return Point(
         workflow=workflow["name"], train=bool(workflow.get("train")), topology=topology["name"], cp=cp,
         mesh_shape=mesh_shape, mesh_dim_names=dim_names, padding_unit=unit, N=n, N_atoms=n_atoms,
         atoms_per_token=atoms_per_token, S=s, dtype=dtype, device=device, routine=routine,
         seed=_int("seed", data.get("seed")), profile=bool(data.get("profile")),
-        memory_limit_gib=limit, model=model, probe=probe, timing=timing, input=input_name,
+        memory_limit_gib=limit, cuda_alloc_conf=alloc_conf, model=model, probe=probe, timing=timing, input=input_name,
     )
 
 

@@ -42,6 +42,11 @@ def _hydra_info() -> tuple[Path, bool, int | None, Path | None, list[str], str |
             Path(hc.sweep.dir) if multirun else None, list(hc.overrides.task), hc.runtime.choices.get("model"))
 
 
+def effective_alloc_conf(point: Point) -> str | None:
+    """The PYTORCH_CUDA_ALLOC_CONF the workers run with (an exported one wins, ``runner.py``)."""
+    return os.environ.get("PYTORCH_CUDA_ALLOC_CONF", point.cuda_alloc_conf)
+
+
 def env_metadata(device: str) -> dict:
     """Run metadata: ``cpbench.env.env_metadata`` (with NVML GPU data) where it exists."""
     try:
@@ -152,7 +157,8 @@ def _finish(cfg: DictConfig, point: Point | None, status: str, message: str, fie
         "schema": results.SCHEMA_VERSION,
         "signature": signature,
         "code": results.code_version(),
-        "point": point.record() | {"memory_limit_gib": point.memory_limit_gib} if point else None,
+        "point": point.record() | {"memory_limit_gib": point.memory_limit_gib,
+                                   "cuda_alloc_conf": effective_alloc_conf(point)} if point else None,
         "routine": point.routine if point else cfg.get("routine"),
         "status": status,
         "message": message,

@@ -246,6 +246,8 @@ class Runner:
         (work_dir / "spec.json").write_text(json.dumps(spec))
         env = {k: v for k, v in os.environ.items()
                if k not in _SUPERVISOR_ENV and not k.startswith("TORCHELASTIC_")}
+        if p.cuda_alloc_conf is not None:  # an exported PYTORCH_CUDA_ALLOC_CONF is the user's choice
+            env.setdefault("PYTORCH_CUDA_ALLOC_CONF", p.cuda_alloc_conf)
         procs = []
         for rank, dev in zip(self.slots.ranks, self.slots.device_indices):
             logf = open(work_dir / f"rank{rank}.log", "wb")
@@ -296,13 +298,34 @@ class Runner:
         if path.exists():
             return json.loads(path.read_text())
         code = proc.returncode
+        progress = _progress(work_dir, rank)
         if code is not None and code < 0 and -code == signal.SIGKILL:
             status = "timeout" if timed_out else "killed"
             message = "still running at the point's timeout" if timed_out else "killed after a peer failed"
+            if timed_out:
+                message += f" {progress_text(progress)}"
         else:
             status, message = "error", f"exited with code {code} without a report{_log_tail(work_dir, rank)}"
         return {"rank": rank, "status": status, "message": message, "peak_alloc_gib": None,
-                "peak_reserved_gib": None, "exit_code": code}
+                "peak_reserved_gib": None, "exit_code": code, "progress": progress}
+
+
+def _progress(work_dir: Path, rank: int) -> dict:
+    """The steps a rank finished before it was killed (``cpbench.worker`` writes them)."""
+    try:
+        return json.loads((work_dir / f"rank{rank}.progress.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def progress_text(progress: dict) -> str:
+    """``after 2 steps (warmup 61234 ms, 60987 ms)``: how far a timed-out rank got."""
+    warmup, timed = progress.get("warmup_ms") or [], progress.get("times_ms") or []
+    if not warmup and not timed:
+        return "before its first step finished"
+    parts = [f"warmup {', '.join(f'{t:.0f}' for t in warmup)} ms"] if warmup else []
+    parts += [f"timed {', '.join(f'{t:.0f}' for t in timed)} ms"] if timed else []
+    return f"after {len(warmup) + len(timed)} steps ({'; '.join(parts)})"
 
 
 def _log_tail(work_dir: Path, rank: int) -> str:
@@ -323,8 +346,10 @@ def verdict(ranks: list[dict], timed_out: bool, timeout_s: float) -> tuple[str, 
     failed = [r for r in ranks if r["status"] not in ("ok", "killed", "timeout")]
     if not failed:
         if timed_out:
-            late = [r["rank"] for r in ranks if r["status"] == "timeout"]
-            return "timeout", f"rank(s) {late} still running after {timeout_s:g} s (killed)"
+            late = [r for r in ranks if r["status"] == "timeout"]
+            first = progress_text(late[0].get("progress") or {}) if late else ""
+            return "timeout", (f"rank(s) {[r['rank'] for r in late]} still running after {timeout_s:g} s "
+                               f"(killed); rank {late[0]['rank'] if late else '-'} {first}")
         if all(r["status"] == "ok" for r in ranks):
             return "ok", ""
         return "error", "workers were killed without a failing rank"

@@ -38,6 +38,9 @@ def run_timing(point: Point, runner: Runner, out_dir: Path | None) -> dict:
            "peak_alloc_gib_per_rank": alloc, "peak_reserved_gib_per_rank": reserved,
            "memory_measure": result.ranks[0].get("memory_measure") if result.ranks else None}
     if result.status != "ok":
+        progress = (result.ranks[0].get("progress") or {}) if result.ranks else {}
+        if progress.get("warmup_ms") or progress.get("times_ms"):  # a timeout: the steps rank 0 finished
+            out["partial"] = progress
         return out
     out.update(summarize_times(result.per_rank("times_ms")))
     out["times_ms_per_rank"] = [[round(t, 4) for t in ts] for ts in result.per_rank("times_ms")]

@@ -9,7 +9,9 @@ whose peer died, CUDA contexts) can hang it.
 
 Outcome (one JSON per rank): ``status`` ok | oom | error, ``message`` (one line),
 ``peak_alloc_gib``, ``peak_reserved_gib``, ``memory_measure``, ``times_ms`` (timing repeats,
-this rank), ``warmup_ms``, ``loss``, ``stats`` (the adapter's), ``seconds``.
+this rank), ``warmup_ms``, ``loss``, ``stats`` (the adapter's), ``seconds``. After every step a
+rank also writes ``<work_dir>/rank<R>.progress.json`` (``warmup_ms``, ``times_ms``, ``stats`` so
+far), which the runner reads when the point times out: how far a too-slow point got.
 """
 
 from __future__ import annotations
@@ -98,6 +100,8 @@ def run_rank(spec: dict, rank: int, device_index: int, outcome: dict) -> None:
         elapsed_ms = (time.perf_counter() - t0) * 1e3
         _barrier(device)
         (warmup_ms if i < spec["warmup"] else times_ms).append(elapsed_ms)
+        _write_json(Path(spec["work_dir"]) / f"rank{rank}.progress.json",
+                    {"warmup_ms": warmup_ms, "times_ms": times_ms, "stats": adapter_stats(adapter)})
         if profiling:
             prof.__exit__(None, None, None)
             prof.export_chrome_trace(spec["profile_path"].format(rank=rank))
@@ -106,6 +110,13 @@ def run_rank(spec: dict, rank: int, device_index: int, outcome: dict) -> None:
     outcome["loss"] = float(loss.detach().float().item()) if isinstance(loss, torch.Tensor) else None
     outcome["stats"] = adapter_stats(adapter)
     outcome["status"], outcome["message"] = "ok", ""
+
+
+def _write_json(path: Path, data: dict) -> None:
+    """Atomically (the runner may read it at any moment)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, default=str))
+    os.replace(tmp, path)
 
 
 def die_with_parent() -> None:
@@ -142,10 +153,7 @@ def main(argv: list[str]) -> None:
         exit_code = 1
     outcome["seconds"] = time.time() - started
     outcome["finished_at"] = time.time()
-    out = Path(spec["work_dir"]) / f"rank{rank}.json"
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(outcome, default=str))
-    os.replace(tmp, out)
+    _write_json(Path(spec["work_dir"]) / f"rank{rank}.json", outcome)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(exit_code)  # never run teardown: a dead peer's process group can hang it

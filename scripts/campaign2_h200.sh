@@ -5,10 +5,11 @@
 #   GPU0: training max-N probe cp=1 (all 64 blocks, checkpointing) -> walltime sweep cp=1 ->
 #         inference with sampling N=1024 cp=1
 #   GPU1: inference with sampling N=2048 cp=1 (boltz2: 3 recycles, 200 steps x 5 samples)
-# call2, cp=2 over both GPUs: training max-N probe -> walltime sweep 1d -> 1d vs 2d (1x2) at
-#   N=4096, 8192 -> inference with sampling N=1024
-# call3, cp=2: inference max-N probes with sampling, 1d and 2d (1x2) -> inference with sampling
-#   N=2048 -> the cp=1 max-N probe with sampling
+# call2: GPU0 the cp=1 training probe again (memory.cuda_alloc_conf=expandable_segments:True, the
+#   new default) | GPU1 sampling N=1024 cp=1 with a timing timeout (a cut point says how far it
+#   got); then the cp=2 (1d) training max-N probe over both GPUs
+# call3, cp=2: walltime sweep 1d -> 1d vs 2d (1x2) at N=4096, 8192 -> inference max-N probes
+#   with sampling, 2d (1x2) and 1d
 # Every phase gets min(its limit, what is left of SECONDS); a phase cut short keeps what it
 # measured (result.json per finished point, probe_state.json per probe point).
 # The walltime sweeps run a one-block slice of the boltz2 trunk (model.blocks=1,
@@ -63,17 +64,22 @@ call1)
     phase sampling_cp1_n2048 600 "${SAMPLING[@]}" cp=1 N=$(n 2048)
   ) > "$OUTDIR/lane1.txt" 2>&1 &
   wait ;;
-call2)
+call2)  # after call1: 2560 oom at cp=1 without expandable segments; the sampling points hit the shell's limit
+  ( export CUDA_VISIBLE_DEVICES=0
+    phase probe_training_cp1_expandable 225 "${TRAIN_PROBE[@]}" cp=1 probe.start=$(n 2560) probe.growth=1.1 \
+      probe.granularity=$(n 256) probe.timeout_s=200
+  ) > "$OUTDIR/lane0.txt" 2>&1 &
+  ( export CUDA_VISIBLE_DEVICES=1
+    phase sampling_cp1_n1024 225 "${SAMPLING[@]}" cp=1 N=$(n 1024) timing.timeout_s=200
+  ) > "$OUTDIR/lane1.txt" 2>&1 &
+  wait
   phase probe_training_cp2 330 "${TRAIN_PROBE[@]}" cp=2 topology=1d probe.start=$(n 3584) \
-    probe.growth=1.1428 probe.granularity=$(n 512)
-  phase walltime_cp2_1d 120 "${TRUNK[@]}" "${SLICE[@]}" routine=timing cp=2 topology=1d N=$(n 512,1024,2048,4096,8192)
-  phase walltime_cp2_2d 80 "${TRUNK[@]}" "${SLICE[@]}" routine=timing cp=2 topology=2d topology.cp0=1 N=$(n 4096,8192)
-  phase sampling_cp2_n1024 150 "${SAMPLING[@]}" cp=2 topology=1d N=$(n 1024) ;;
+    probe.growth=1.1428 probe.granularity=$(n 512) ;;
 call3)
-  phase probe_sampling_cp2_1d 200 "${SAMPLING_PROBE[@]}" cp=2 topology=1d probe.timeout_s=150
-  phase probe_sampling_cp2_2d 200 "${SAMPLING_PROBE[@]}" cp=2 topology=2d topology.cp0=1 probe.timeout_s=150
-  phase sampling_cp2_n2048 400 "${SAMPLING[@]}" cp=2 topology=1d N=$(n 2048)
-  CUDA_VISIBLE_DEVICES=0 phase probe_sampling_cp1 400 "${SAMPLING_PROBE[@]}" cp=1 probe.timeout_s=150 ;;
+  phase walltime_cp2_1d 100 "${TRUNK[@]}" "${SLICE[@]}" routine=timing cp=2 topology=1d N=$(n 512,1024,2048,4096,8192)
+  phase walltime_cp2_2d 70 "${TRUNK[@]}" "${SLICE[@]}" routine=timing cp=2 topology=2d topology.cp0=1 N=$(n 4096,8192)
+  phase probe_sampling_cp2_2d 190 "${SAMPLING_PROBE[@]}" cp=2 topology=2d topology.cp0=1 probe.timeout_s=120
+  phase probe_sampling_cp2_1d 190 "${SAMPLING_PROBE[@]}" cp=2 topology=1d probe.timeout_s=120 ;;
 *) echo "unknown call $CALL"; exit 2 ;;
 esac
 cat "$OUTDIR"/lane*.txt 2>/dev/null

@@ -49,3 +49,12 @@ def test_oom_on_rank_1_is_the_cause_even_when_rank_0_errors_in_its_collective():
     assert result.status == "oom" and result.message.startswith("rank 1:")
     assert result.ranks[1]["status"] == "oom"
     assert result.ranks[0]["status"] != "ok"  # it never completed the all-reduce
+
+
+def test_a_timed_out_timing_point_says_how_far_it_got():
+    """Rank 1 finishes two steps, then hangs: the timeout verdict reports those two steps."""
+    point, runner = fault_runner("hang_later")
+    result = runner.run(PointRun(N=64, n_atoms=512, S=4, timeout_s=POINT_TIMEOUT_S, warmup=3, repeats=5))
+    assert result.status == "timeout"
+    assert "after 2 steps (warmup" in result.message, result.message
+    assert all(len(r["progress"]["warmup_ms"]) == 2 for r in result.ranks), result.ranks

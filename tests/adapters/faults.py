@@ -3,7 +3,8 @@
 ``model=adapter model._target_=tests.adapters.faults.FaultAdapter +model.fault=oom
 +model.threshold_n=48``: at N > threshold_n, rank 1 raises ``torch.cuda.OutOfMemoryError``
 (``oom``), sleeps for ever (``hang``) or exits with code 3 without a word (``exit``), while
-rank 0 has entered the step's all-reduce. At N <= threshold_n every rank completes.
+rank 0 has entered the step's all-reduce; ``hang_later`` completes two steps, then hangs like
+``hang`` (a point too slow for its timeout). At N <= threshold_n every rank completes.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-FAULTS = ("oom", "hang", "exit", "none")
+FAULTS = ("oom", "hang", "hang_later", "exit", "none")
 
 
 class FaultAdapter:
@@ -24,6 +25,7 @@ class FaultAdapter:
     def __init__(self, fault: str = "oom", threshold_n: int = 48, width: int = 8, **_: object):
         assert fault in FAULTS, fault
         self.fault, self.threshold_n, self.width = fault, threshold_n, width
+        self.steps = 0
 
     def build_model(self, mesh, device: torch.device) -> nn.Module:
         return nn.Sequential(nn.Linear(self.width, self.width), nn.ReLU(), nn.Linear(self.width, 1)).to(device)
@@ -33,7 +35,8 @@ class FaultAdapter:
         return {"N": N, "x": torch.randn(N, self.width, device=device)[:rows]}
 
     def run_step(self, model: nn.Module, batch: dict, train: bool) -> torch.Tensor:
-        if dist.get_rank() == 1 and batch["N"] > self.threshold_n:
+        self.steps += 1
+        if dist.get_rank() == 1 and batch["N"] > self.threshold_n and (self.fault != "hang_later" or self.steps > 2):
             self._fail()
         with torch.set_grad_enabled(train):
             loss = model(batch["x"]).sum()
@@ -44,7 +47,7 @@ class FaultAdapter:
     def _fail(self) -> None:
         if self.fault == "oom":
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (test adapter)")
-        if self.fault == "hang":
+        if self.fault in ("hang", "hang_later"):
             while True:
                 time.sleep(60)
         if self.fault == "exit":
