@@ -75,9 +75,12 @@ call2)  # after call1: 2560 oom at cp=1 without expandable segments; the samplin
   wait
   phase probe_training_cp2 330 "${TRAIN_PROBE[@]}" cp=2 topology=1d probe.start=$(n 3584) \
     probe.growth=1.1428 probe.granularity=$(n 512) ;;
-call3)
+call3)  # after call2: the device time left covers the walltime sweeps and one training probe
   phase walltime_cp2_1d 100 "${TRUNK[@]}" "${SLICE[@]}" routine=timing cp=2 topology=1d N=$(n 512,1024,2048,4096,8192)
   phase walltime_cp2_2d 70 "${TRUNK[@]}" "${SLICE[@]}" routine=timing cp=2 topology=2d topology.cp0=1 N=$(n 4096,8192)
+  phase probe_training_cp2 400 "${TRAIN_PROBE[@]}" cp=2 topology=1d probe.start=$(n 2560) \
+    probe.growth=1.2 probe.granularity=$(n 512) probe.timeout_s=220 ;;
+call4)  # not run yet: the inference max-N probes with sampling, 2d (1x2) and 1d
   phase probe_sampling_cp2_2d 190 "${SAMPLING_PROBE[@]}" cp=2 topology=2d topology.cp0=1 probe.timeout_s=120
   phase probe_sampling_cp2_1d 190 "${SAMPLING_PROBE[@]}" cp=2 topology=1d probe.timeout_s=120 ;;
 *) echo "unknown call $CALL"; exit 2 ;;
