@@ -75,7 +75,9 @@ class Probe:
             return
         write_json_atomic(self.state_path, {
             "signature": self.signature, "depth": self.depth, "depth_verified": self.depth_verified,
-            "depth_checked": self.depth_checked, "points": self.ordered_points()})
+            "depth_checked": self.depth_checked, "points": self.ordered_points(),
+            # what a report needs of a probe stopped before its result.json (results.incomplete_probe)
+            "point": self.point.record() | {"memory_limit_gib": self.point.memory_limit_gib}})
 
     def ordered_points(self) -> list[dict]:
         return sorted(self.points.values(), key=lambda p: p["order"])

@@ -92,6 +92,74 @@ def iter_results(root: str | os.PathLike) -> Iterator[tuple[Path, dict]]:
             continue
 
 
+PROBE_STATE_FILE = "probe_state.json"  # written by cpbench.probe after every probe point
+INCOMPLETE = "incomplete"
+
+
+def iter_incomplete_probes(root: str | os.PathLike) -> Iterator[tuple[Path, dict]]:
+    """A record per probe stopped before it wrote its result.json (a scheduler's time limit, a
+    killed job): ``(path of its probe_state.json, incomplete_probe(...))``, sorted by path."""
+    for path in sorted(Path(root).rglob(PROBE_STATE_FILE)):
+        if (path.parent / RESULT_FILE).exists():
+            continue
+        try:
+            record = incomplete_probe(path)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if record is not None:
+            yield path, record
+
+
+def incomplete_probe(state_path: Path) -> dict | None:
+    """A probe record (status ``incomplete``) from a probe's ``probe_state.json`` and the job's
+    ``.hydra/config.yaml`` / ``overrides.yaml``: ``max_n`` is the largest N that fit below the
+    smallest failing N (a lower bound of the true max N), ``first_fail_n`` that failing N."""
+    import yaml  # omegaconf's dependency
+
+    state = read_json(state_path)
+    hydra_dir = state_path.parent / ".hydra"
+    config = yaml.safe_load((hydra_dir / "config.yaml").read_text()) if (hydra_dir / "config.yaml").exists() else {}
+    overrides = yaml.safe_load((hydra_dir / "overrides.yaml").read_text()) if (hydra_dir / "overrides.yaml").exists() else []
+    point = state.get("point") or _point_from_config(config)
+    if point is None:
+        return None
+    points = state.get("points") or []
+    fails = sorted(p["N"] for p in points if not p.get("fits"))
+    first_fail = fails[0] if fails else None
+    fitting = [p for p in points if p.get("fits") and (first_fail is None or p["N"] < first_fail)]
+    at_max = max(fitting, key=lambda p: p["N"]) if fitting else None
+    fail = next((p for p in points if p["N"] == first_fail), None)
+    return {
+        "routine": "probe", "status": INCOMPLETE, "point": point, "config": config, "overrides": overrides,
+        "message": f"stopped after {len(points)} probe points, before the probe finished: max_n is a lower "
+                   "bound (the search had not reached probe.granularity)",
+        "max_n": at_max["N"] if at_max else None, "first_fail_n": first_fail,
+        "first_fail_status": fail["status"] if fail else None,
+        "depth": state.get("depth"), "depth_verified": state.get("depth_verified"), "points": points,
+        "peak_alloc_gib": max((g for g in at_max["peak_alloc_gib"] if g is not None), default=None) if at_max else None,
+        "signature": state.get("signature"), "state_file": state_path.name,
+    }
+
+
+def _point_from_config(config: dict) -> dict | None:
+    """The ``point`` block of an older probe_state.json (no ``point`` in it) from the job's
+    composed config; None when cp was left to ``auto`` (not knowable after the fact)."""
+    cp, topology = config.get("cp"), config.get("topology") or {}
+    if not isinstance(cp, int):
+        return None
+    if topology.get("name") == "2d":
+        from cpbench.config import most_square_cp0
+
+        cp0 = topology.get("cp0") or most_square_cp0(cp)
+        mesh = [cp0, cp // cp0]
+    else:
+        mesh = [cp]
+    device = config.get("device")
+    return {"workflow": (config.get("workflow") or {}).get("name"), "topology": topology.get("name"), "cp": cp,
+            "mesh_shape": mesh, "N": config.get("N"), "S": config.get("S"), "dtype": config.get("dtype"),
+            "device": device if device in ("cuda", "cpu") else None, "model": config.get("model") or {}}
+
+
 def git_commit(repo_dir: str | os.PathLike | None = None) -> str | None:
     """The project's git commit (``+dirty`` when the tree has changes), or None outside git."""
     cwd = Path(repo_dir) if repo_dir else Path(__file__).resolve().parent

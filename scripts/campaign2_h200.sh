@@ -8,8 +8,10 @@
 # call2: GPU0 the cp=1 training probe again (memory.cuda_alloc_conf=expandable_segments:True, the
 #   new default) | GPU1 sampling N=1024 cp=1 with a timing timeout (a cut point says how far it
 #   got); then the cp=2 (1d) training max-N probe over both GPUs
-# call3, cp=2: walltime sweep 1d -> 1d vs 2d (1x2) at N=4096, 8192 -> inference max-N probes
-#   with sampling, 2d (1x2) and 1d
+# call3, cp=2: walltime sweep 1d -> 1d vs 2d (1x2) at N=4096, 8192 -> the cp=2 training probe
+#   from 2560 (call2's from 3584 finished no step in 300 s)
+# call4 (not run: the session's device time was spent): inference max-N probes with sampling,
+#   2d (1x2) and 1d. Results of calls 1-3: docs/benchmarks/2026-11-30-h200-b/, docs/perf_notes.md
 # Every phase gets min(its limit, what is left of SECONDS); a phase cut short keeps what it
 # measured (result.json per finished point, probe_state.json per probe point).
 # The walltime sweeps run a one-block slice of the boltz2 trunk (model.blocks=1,

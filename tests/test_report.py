@@ -158,3 +158,35 @@ def test_csv_rows_match_their_result_json(timing_multirun, probe_sweep, tmp_path
                 assert row["row"] == "max-fit" and row["N_tokens"] == rec["max_n"]
                 assert row["first_fail_n"] == rec["first_fail_n"]
                 assert row["peak_mem (GiB)"] == pytest.approx(rec["peak_alloc_gib"])
+
+
+def test_a_probe_stopped_early_reads_as_a_lower_bound_from_its_state(probe_sweep, tmp_path):
+    """A probe killed before its result.json (a scheduler's time limit) still reports: its
+    probe_state.json and .hydra config give an ``incomplete`` row whose max N is a lower bound."""
+    path, probe = next((p, r) for p, r in iter_results(probe_sweep / "sweep") if r["routine"] == "probe")
+    job = tmp_path / "results" / "killed"
+    shutil.copytree(path.parent, job)
+    (job / "result.json").unlink()
+    state = json.loads((job / "probe_state.json").read_text())
+    assert state["point"]["cp"] == 1 and state["point"]["device"] == "cpu"
+    # stopped after the point that failed first: the lower bound is the largest N below it
+    failed_first = [p for p in state["points"] if p["N"] == probe["first_fail_n"]][0]["order"]
+    state["points"] = [p for p in state["points"] if p["order"] <= failed_first]
+    below = max(p["N"] for p in state["points"] if p["fits"])
+    (job / "probe_state.json").write_text(json.dumps(state))
+    out = build_report(tmp_path / "results")
+    text = out["markdown"].read_text()
+    assert re.search(rf"\| max-fit {below} \|.*\| 1d cp=1 \| [0-9.]+ \(OOM@{probe['first_fail_n']}\) \|.*\| incomplete \|",
+                     text), text
+    assert f"≥ {below:,} at cp=1" in text and "lower bound" in text
+
+
+def test_rows_name_a_sliced_model_and_sampled_inference():
+    from cpbench.report.rows import model_label, workflow_label
+
+    rec = {"point": {"workflow": "inference", "model": {"name": "boltz2", "sampling": True}},
+           "overrides": ["model=boltz2", "model.blocks=1", "+model.msa_blocks=0", "N=512"]}
+    assert model_label(rec) == "boltz2 [model.blocks=1 model.msa_blocks=0]"
+    assert model_label({"point": {"model": {"name": "boltz2"}}, "overrides": ["cp=2"]}) == "boltz2"
+    assert workflow_label(rec["point"]) == "inference+sampling"
+    assert workflow_label({"workflow": "inference", "model": {"sampling": False}}) == "inference"

@@ -40,3 +40,24 @@ def test_checkpointed_msa_blocks_save_no_activations():
     ckpt = _saved_b(4, True) - _saved_b(1, True)
     assert plain > 3 * 5 * z_b, (plain, z_b)  # each uncheckpointed MSA block saves many z-sized tensors
     assert ckpt <= 3 * 2 * z_b, (ckpt, z_b)  # at most about each extra block's inputs (z, m)
+
+
+def test_training_budget_leaves_room_for_the_backward(monkeypatch):
+    """On CUDA the checkpointed block's budget is 40 % of what is free after BACKWARD_PAIRS
+    pair-shard-sized tensors (checked with the CUDA queries stubbed: no GPU here)."""
+    from types import SimpleNamespace
+
+    from cpbench.models.pairformer import chunking
+
+    gib = 1 << 30
+    pair = SimpleNamespace(is_cuda=True, device="cuda:0", numel=lambda: gib // 2, element_size=lambda: 2)  # 1 GiB
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (30 * gib, 140 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 12 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 10 * gib)
+    default = chunking.budget_bytes(pair)
+    training = chunking.training_budget_bytes(pair)
+    assert default == int(32 * gib * 0.4)
+    assert training == int((32 - chunking.BACKWARD_PAIRS) * gib * 0.4)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2 * gib, 140 * gib))
+    assert chunking.training_budget_bytes(pair) == 64 << 20  # nothing left: the floor, not zero
+    assert chunking.training_budget_bytes(torch.zeros(64, 64)) == chunking.budget_bytes(torch.zeros(64, 64))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from cpbench.memory_model import GPU_MEMORY_SIZES_GIB, MemoryFit, fit_peak_memory, fitting_points
-from cpbench.report.rows import cp_config_label
+from cpbench.report.rows import cp_config_label, model_label, workflow_label
 
 TARGET_CPS = (1, 2, 4, 8)
 
@@ -38,9 +38,9 @@ def probe_fits(records: list[dict]) -> list[dict]:
             continue
         point = rec.get("point") or {}
         out.append({
-            "group": ((point.get("model") or {}).get("name"), point.get("workflow"), point.get("topology"),
+            "group": (model_label(rec), workflow_label(point), point.get("topology"),
                       point.get("dtype"), point.get("S")),
-            "label": f"{point.get('workflow')} {cp_config_label(point)}", "cp": int(point.get("cp") or 1),
+            "label": f"{workflow_label(point)} {cp_config_label(point)}", "cp": int(point.get("cp") or 1),
             "fit": fit_peak_memory(ns, peaks, cp=int(point.get("cp") or 1)),
             "cap_gib": capacity_gib(rec), "max_n": rec.get("max_n"), "first_fail_n": rec.get("first_fail_n"),
         })

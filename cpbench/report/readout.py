@@ -33,8 +33,9 @@ def max_n_sentences(rows: pd.DataFrame, baseline_max_n: int | None) -> list[str]
         grp = grp.sort_values("cp")
         by_cp = dict(zip(grp["cp"].astype(int), grp["N_tokens"].astype(int)))
         parts = []
+        lower = set(grp.loc[grp["status"] == "incomplete", "cp"].astype(int))  # probes stopped early
         for cp, max_n in by_cp.items():
-            text = f"{_n(max_n)} at cp={cp}"
+            text = f"{'≥ ' if cp in lower else ''}{_n(max_n)} at cp={cp}"
             if cp != 1 and 1 in by_cp:
                 text += f" ({max_n / by_cp[1]:.2f}× cp=1; ideal √{cp} = {math.sqrt(cp):.2f}×)"
             parts.append(text)
@@ -49,19 +50,22 @@ def max_n_sentences(rows: pd.DataFrame, baseline_max_n: int | None) -> list[str]
 
 
 def walltime_sentences(rows: pd.DataFrame) -> list[str]:
-    """Fitted walltime exponent per CP config, and cp speedup at the largest N all share."""
+    """Per (model, workflow): the fitted walltime exponent per CP config, and the cp speedup at
+    the largest N all its CP configs share."""
     ok = rows[(rows["row"] == "timing") & (rows["status"] == "ok") & rows["walltime (ms)"].notna()]
     if ok.empty:
         return []
     out = []
-    for workflow, grp in ok.groupby("workflow", sort=True):
+    with_model = ok["model"].nunique() > 1
+    for (model, workflow), grp in ok.groupby(["model", "workflow"], sort=True):
+        what = f"{workflow}, {model}" if with_model else workflow
         exps = []
         for cfg, g in grp.groupby("CP config", sort=True):
             k = walltime_exponent(g["N_tokens"].astype(float), g["walltime (ms)"].astype(float))
             if k is not None:
                 exps.append(f"N^{k:.2f} at {cfg} (N {_n(g['N_tokens'].min())}–{_n(g['N_tokens'].max())})")
         if exps:
-            out.append(f"{workflow.capitalize()} walltime grows as " + ", ".join(exps) + ".")
+            out.append(f"{what[0].upper() + what[1:]} walltime grows as " + ", ".join(exps) + ".")
         base = grp[grp["cp"] == 1]
         common = set(base["N_tokens"])
         for cp in sorted(set(grp["cp"]) - {1}):
@@ -72,7 +76,7 @@ def walltime_sentences(rows: pd.DataFrame) -> list[str]:
             at_n = others.groupby(["cp", "CP config"])["walltime (ms)"].median()
             t1 = base[base["N_tokens"] == n]["walltime (ms)"].median()
             ratios = [f"{cfg} {t:.1f} ms ({t1 / t:.2f}× faster than cp=1)" for (_, cfg), t in at_n.items()]
-            out.append(f"At N={_n(n)} ({workflow}), cp=1 takes {t1:.1f} ms; " + ", ".join(ratios) + ".")
+            out.append(f"At N={_n(n)} ({what}), cp=1 takes {t1:.1f} ms; " + ", ".join(ratios) + ".")
     return out
 
 

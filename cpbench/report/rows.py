@@ -18,6 +18,27 @@ from cpbench.memory_model import max_over_ranks
 
 TABLE_COLUMNS = ("N_tokens", "N_atoms", "MSA_seq", "CP config", "peak_mem (GiB)", "walltime (ms)")
 STAGE_PREFIX = "stage_ms."
+# Overrides that change what a model preset computes (its depth and module sizes).
+SIZE_KEYS = frozenset({"model.blocks", "model.msa_blocks", "model.atom_blocks", "model.c_s", "model.c_z",
+                       "model.diffusion.blocks"})
+
+
+def model_label(rec: dict) -> str | None:
+    """The model's name, plus the ``model.*`` overrides of its size when the run changed them
+    (``boltz2 [model.blocks=1 model.msa_blocks=0]``): a sliced trunk is not the preset."""
+    point = rec.get("point") or {}
+    name = (point.get("model") or (rec.get("config") or {}).get("model") or {}).get("name")
+    changed = [o.lstrip("+") for o in rec.get("overrides") or []
+               if o.lstrip("+").split("=")[0] in SIZE_KEYS]
+    return f"{name} [{' '.join(changed)}]" if name and changed else name
+
+
+def workflow_label(point: dict[str, Any]) -> str | None:
+    """``inference+sampling`` when the inference step ran the diffusion sampler, else the
+    workflow's name: trunk-only and sampled inference are different measurements."""
+    workflow = point.get("workflow")
+    sampling = (point.get("model") or {}).get("sampling")
+    return f"{workflow}+sampling" if workflow == "inference" and sampling is True else workflow
 
 
 def cp_config_label(point: dict[str, Any]) -> str:
@@ -62,7 +83,7 @@ def probe_point_rows(records: Iterable[tuple[Path, dict]]) -> pd.DataFrame:
         point = rec.get("point", {})
         for p in rec.get("points") or []:
             rows.append({
-                "model": (point.get("model") or {}).get("name"), "workflow": point.get("workflow"),
+                "model": model_label(rec), "workflow": workflow_label(point),
                 "topology": point.get("topology"), "cp": point.get("cp"), "CP config": cp_config_label(point),
                 "N": p.get("N"), "fits": bool(p.get("fits")), "status": p.get("status"),
                 "peak_alloc_gib": max_over_ranks(p.get("peak_alloc_gib")),
@@ -79,10 +100,10 @@ def _row(path: Path, rec: dict, root: Path, peak_tflops_cfg: float | None) -> di
     stats = rec.get("stats") or {}
     model = point.get("model") or config.get("model") or {}
     row: dict[str, Any] = {
-        "workflow": point.get("workflow"), "status": rec.get("status"), "routine": rec.get("routine"),
+        "workflow": workflow_label(point), "status": rec.get("status"), "routine": rec.get("routine"),
         "topology": point.get("topology"), "cp": point.get("cp"),
         "mesh": "x".join(map(str, point.get("mesh_shape") or [])) or None,
-        "model": model.get("name"), "dtype": point.get("dtype"), "device": point.get("device"),
+        "model": model_label(rec), "dtype": point.get("dtype"), "device": point.get("device"),
         "MSA_seq": point.get("S"), "CP config": cp_config_label(point),
         "message": _first_line(rec.get("message")),
         "result": str(path.relative_to(root)) if path.is_relative_to(root) else str(path),

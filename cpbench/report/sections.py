@@ -12,6 +12,7 @@ import pandas as pd
 from cpbench import flops
 from cpbench.report.memory_table import memory_tables
 from cpbench.report.rows import STAGE_PREFIX, TABLE_COLUMNS
+from cpbench.results import INCOMPLETE
 
 DASH = "—"
 
@@ -143,7 +144,9 @@ def results_section(rows: pd.DataFrame) -> str:
            "MFU": _pct, "comm bytes/block": _bytes, "comm share": _pct}
     text = ["## Results", "",
             "One row per job. `max-fit` rows come from the max-N probe: N_tokens is the largest N "
-            "measured to fit and peak_mem reads `peak (CAUSE@first failing N)`. peak_mem is the per-rank "
+            "measured to fit and peak_mem reads `peak (CAUSE@first failing N)`; status `incomplete`: the "
+            "probe was stopped before it finished (read from its probe_state.json), so its max N is a "
+            "lower bound. peak_mem is the per-rank "
             "peak (max over ranks, allocated); walltime is the median over repeats of the slowest rank "
             "per iteration.", "",
             md_table(table, list(TABLE_COLUMNS) + extra, fmt), "",
@@ -163,7 +166,7 @@ def _n_cell(row) -> str:
 
 def _peak_cell(row) -> str:
     peak = _num(2)(row["peak_mem (GiB)"])
-    if row["row"] != "max-fit" or row["status"] != "ok":
+    if row["row"] != "max-fit" or row["status"] not in ("ok", INCOMPLETE):
         return peak
     if _missing(row.get("first_fail_n")):
         return f"{peak} (no failure)"

@@ -29,11 +29,12 @@ from cpbench.models.pairformer.trimul import TriangleMultiplication
 def op_runner(z: torch.Tensor, layout: Layout, checkpoint_ops: bool) -> Callable[..., Any]:
     """``run(op, *args)``: calls ``op(*args)``, checkpointed when ``checkpoint_ops`` and autograd
     is on, so that a checkpointed block's recompute holds one op's activations at a time. The
-    ops chunk by the memory budget: it is agreed over the ranks once and frozen for the recompute
-    (``z``: this rank's pair shard, which the budget is measured against)."""
+    ops chunk by the training budget (``chunking.training_budget_bytes``: room left for the
+    block's backward): it is agreed over the ranks once and frozen for the recompute (``z``:
+    this rank's pair shard, which the budget is measured against)."""
     if not (checkpoint_ops and torch.is_grad_enabled()):
         return lambda op, *args: op(*args)
-    frozen = partial(chunking.frozen_budget, comm.agree_min(chunking.budget_bytes(z), layout, z.device))
+    frozen = partial(chunking.frozen_budget, comm.agree_min(chunking.training_budget_bytes(z), layout, z.device))
     return lambda op, *args: checkpoint(op, *args, use_reentrant=False, context_fn=frozen)
 
 

@@ -52,6 +52,26 @@ def budget_bytes(pair: torch.Tensor) -> int:
     return max(pair.numel() * pair.element_size() // 4, _CPU_FLOOR_BYTES)
 
 
+# Pair-shard-sized tensors the backward of one checkpointed block holds besides the chunks of the
+# op it recomputes: the recomputed op inputs (about five) and the gradient buffers (about three).
+BACKWARD_PAIRS = 8
+_MIN_TRAINING_BUDGET_BYTES = 64 << 20
+
+
+def training_budget_bytes(pair: torch.Tensor) -> int:
+    """The chunk budget of a checkpointed block in training (``block.op_runner``): the default
+    budget measured after leaving room for that block's backward (``BACKWARD_PAIRS`` tensors
+    the size of ``pair``). Without it the budget is 40 % of a free memory that the backward
+    then fills, and a step that fits in the forward fails in the backward (docs/perf_notes.md,
+    training max N). CPU: the default (a quarter of the pair shard)."""
+    if _override_bytes is not None or not pair.is_cuda:
+        return budget_bytes(pair)
+    free_b, _ = torch.cuda.mem_get_info(pair.device)
+    cached_b = torch.cuda.memory_reserved(pair.device) - torch.cuda.memory_allocated(pair.device)
+    room_b = free_b + cached_b - BACKWARD_PAIRS * pair.numel() * pair.element_size()
+    return max(int(room_b * _CUDA_FREE_FRACTION), _MIN_TRAINING_BUDGET_BYTES)
+
+
 def rows_per_chunk(n_rows: int, bytes_per_row: int, budget_b: int) -> int:
     """How many rows of ``bytes_per_row`` transient bytes fit ``budget_b`` (at least 1)."""
     return max(1, min(n_rows, budget_b // max(1, bytes_per_row)))
