@@ -69,6 +69,7 @@ class ProbeSettings:
     timeout_s: float        # per probe point
     depth: int | None       # blocks per probe step (run_blocks); None = all blocks
     max_points: int
+    budget_s: float | None = None  # no new probe point starts after this many seconds of the probe
 
 
 @dataclass(frozen=True)
@@ -318,6 +319,8 @@ def _probe_settings(probe: dict, device: str, unit: int, train: bool, model: dic
         start=round_up(start, unit), growth=float(growth), granularity=round_up(gran, unit),
         timeout_s=_positive_float("probe.timeout_s", probe.get("timeout_s"), "seconds > 0"),
         depth=depth, max_points=_int("probe.max_points", probe.get("max_points"), 2, "an integer >= 2"),
+        budget_s=None if probe.get("budget_s") is None
+        else _positive_float("probe.budget_s", probe.get("budget_s"), "null or seconds > 0"),
     )
 
 

@@ -17,6 +17,7 @@ point; a restarted job with the same signature replays it and measures only what
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 from cpbench.config import Point
@@ -35,7 +36,7 @@ CPU_DEPTH_FLOOR_GIB = 16 / 1024
 
 
 class _PointCap(Exception):
-    """probe.max_points reached."""
+    """probe.max_points reached, or probe.budget_s spent (the message says which)."""
 
 
 def _max(values: list) -> float | None:
@@ -54,6 +55,7 @@ class Probe:
         self.depth: int | None = state.get("depth", self.settings.depth)
         self.depth_verified: bool | None = state.get("depth_verified")
         self.depth_checked: bool = state.get("depth_checked", False)
+        self.started_s, self.cap = time.monotonic(), ""
 
     # ------------------------------------------------------------ state
     def _load_state(self) -> dict:
@@ -110,7 +112,11 @@ class Probe:
         if n in self.points:
             return self.points[n]["fits"]
         if len(self.points) >= self.settings.max_points:
-            raise _PointCap
+            raise _PointCap(f"probe.max_points={self.settings.max_points}")
+        budget_s = self.settings.budget_s
+        # supervisor 0's clock decides, so that every supervisor stops before the same point
+        if budget_s is not None and self.runner.group.broadcast(time.monotonic() - self.started_s >= budget_s):
+            raise _PointCap(f"probe.budget_s={budget_s:g}")
         if self.depth is not None and not self.depth_checked:
             result = self._check_depth(n)
         else:
@@ -151,7 +157,8 @@ class Probe:
                     lo = low = mid
                 else:
                     hi = mid
-        except _PointCap:
+        except _PointCap as cap:
+            self.cap = str(cap)
             return lo, hi, True
         return lo, hi, False
 
@@ -180,7 +187,7 @@ class Probe:
             out["message"] = f"no N fits (smallest tried: {smallest}): " + (fail["message"] if fail else "")
         else:
             out["status"] = "ok"
-            out["message"] = (f"stopped at probe.max_points={self.settings.max_points} before the bisection "
+            out["message"] = (f"stopped at {self.cap} before the bisection "
                               f"reached probe.granularity" if capped else "")
         return out
 

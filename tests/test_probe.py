@@ -6,6 +6,7 @@ runner answers from a rule, so the search itself is specified exactly and quickl
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 from conftest import compose_point
@@ -61,6 +62,21 @@ def test_probe_stops_at_max_points_and_says_so():
     out = Probe(probe_point(start=16, granularity=16, depth=None, max_points=3), runner, None, "sig").run()
     assert len(runner.calls) == 3 and out["max_n"] == 64 and out["first_fail_n"] is None
     assert "max_points=3" in out["message"]
+
+
+def test_probe_starts_no_point_after_its_time_budget_and_says_so():
+    """probe.budget_s: the point running when the budget is spent finishes, no new one starts,
+    and the probe still returns its record (a job's time limit does not lose the verdict)."""
+
+    class SlowRunner(ScriptedRunner):
+        def run(self, task) -> PointResult:
+            time.sleep(0.3)
+            return super().run(task)
+
+    runner = SlowRunner(max_fit_n=100)
+    out = Probe(probe_point(start=16, granularity=8, depth=None, budget_s=0.5), runner, None, "sig").run()
+    assert [n for n, _ in runner.calls] == [16, 32]  # 32 started at ~0.3 s, 64 would have at ~0.6 s
+    assert out["status"] == "ok" and out["max_n"] == 32 and "probe.budget_s=0.5" in out["message"]
 
 
 def test_probe_where_nothing_fits_reports_the_failure():
