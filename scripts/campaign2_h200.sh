@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The second H200 campaign (two-GPU machine), in device calls of at most 10 minutes each:
-#   bash scripts/campaign2_h200.sh OUTDIR call1|call2|call3 [SECONDS]
+#   bash scripts/campaign2_h200.sh OUTDIR call1|call2|call3|call4|call5 [SECONDS]
 # call1, two single-GPU lanes side by side:
 #   GPU0: training max-N probe cp=1 (all 64 blocks, checkpointing) -> walltime sweep cp=1 ->
 #         inference with sampling N=1024 cp=1
@@ -10,8 +10,10 @@
 #   got); then the cp=2 (1d) training max-N probe over both GPUs
 # call3, cp=2: walltime sweep 1d -> 1d vs 2d (1x2) at N=4096, 8192 -> the cp=2 training probe
 #   from 2560 (call2's from 3584 finished no step in 300 s)
-# call4 (not run: the session's device time was spent): inference max-N probes with sampling,
-#   2d (1x2) and 1d. Results of calls 1-3: docs/benchmarks/2026-11-30-h200-b/, docs/perf_notes.md
+# call4, call5 (not run: the session's device time was spent): the training probes again with
+#   the backward-aware training chunk budget; 2d 1x2 at N=8192; the inference max-N probes with
+#   sampling, 2d (1x2) and 1d. Results of calls 1-3: docs/benchmarks/2026-11-30-h200-b/ and
+#   docs/perf_notes.md
 # Every phase gets min(its limit, what is left of SECONDS); a phase cut short keeps what it
 # measured (result.json per finished point, probe_state.json per probe point).
 # The walltime sweeps run a one-block slice of the boltz2 trunk (model.blocks=1,
@@ -20,7 +22,7 @@
 # CPU dry run of the command lines: DRY=1 bash scripts/campaign2_h200.sh /tmp/dry call1
 set -u
 OUTDIR=${1:?OUTDIR}
-CALL=${2:?call1|call2|call3}
+CALL=${2:?call1|call2|call3|call4|call5}
 BUDGET_S=${3:-570}
 DEADLINE=$(( $(date +%s) + BUDGET_S ))
 mkdir -p "$OUTDIR"
@@ -82,9 +84,16 @@ call3)  # after call2: the device time left covers the walltime sweeps and one t
   phase walltime_cp2_2d 70 "${TRUNK[@]}" "${SLICE[@]}" routine=timing cp=2 topology=2d topology.cp0=1 N=$(n 4096,8192)
   phase probe_training_cp2 400 "${TRAIN_PROBE[@]}" cp=2 topology=1d probe.start=$(n 2560) \
     probe.growth=1.2 probe.granularity=$(n 512) probe.timeout_s=220 ;;
-call4)  # not run yet: the inference max-N probes with sampling, 2d (1x2) and 1d
-  phase probe_sampling_cp2_2d 190 "${SAMPLING_PROBE[@]}" cp=2 topology=2d topology.cp0=1 probe.timeout_s=120
-  phase probe_sampling_cp2_1d 190 "${SAMPLING_PROBE[@]}" cp=2 topology=1d probe.timeout_s=120 ;;
+call4)  # not run yet: the training probes again with chunking.training_budget_bytes; each probe
+  # stops starting points at probe.budget_s, so it writes result.json inside its phase
+  phase probe_training_cp1_budget 270 "${TRAIN_PROBE[@]}" cp=1 probe.start=$(n 2560) probe.growth=1.1 \
+    probe.granularity=$(n 256) probe.timeout_s=200 probe.budget_s=60
+  phase probe_training_cp2_budget 300 "${TRAIN_PROBE[@]}" cp=2 topology=1d probe.start=$(n 3072) \
+    probe.growth=1.1667 probe.granularity=$(n 512) probe.timeout_s=280 probe.budget_s=20 ;;
+call5)  # not run yet: 2d 1x2 at N=8192 and the inference max-N probes with sampling, 2d and 1d
+  phase walltime_cp2_2d_8192 100 "${TRUNK[@]}" "${SLICE[@]}" routine=timing cp=2 topology=2d topology.cp0=1 N=$(n 8192)
+  phase probe_sampling_cp2_2d 220 "${SAMPLING_PROBE[@]}" cp=2 topology=2d topology.cp0=1 probe.timeout_s=120 probe.budget_s=90
+  phase probe_sampling_cp2_1d 220 "${SAMPLING_PROBE[@]}" cp=2 topology=1d probe.timeout_s=120 probe.budget_s=90 ;;
 *) echo "unknown call $CALL"; exit 2 ;;
 esac
 cat "$OUTDIR"/lane*.txt 2>/dev/null
