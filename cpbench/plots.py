@@ -70,8 +70,8 @@ def plot_max_n(rows: pd.DataFrame, path: Path) -> str | None:
     with_model = fits["model"].nunique() > 1
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for i, (keys, grp) in enumerate(fits.groupby(["model", "workflow", "topology"], sort=True)):
-        grp = grp.sort_values("cp")
-        cps, max_n = grp["cp"].astype(float).to_numpy(), grp["N_tokens"].astype(float).to_numpy()
+        best = grp.groupby("cp")["N_tokens"].max().sort_index()  # several probes of one cp: the largest fit
+        cps, max_n = best.index.to_numpy(dtype=float), best.to_numpy(dtype=float)
         color = f"C{i % 10}"
         ax.plot(cps, max_n, "o-", color=color, label=_series_label(keys, with_model))
         ideal_cp = np.geomspace(cps[0], max(cps[-1], cps[0] * 2), 20)

@@ -190,3 +190,18 @@ def test_rows_name_a_sliced_model_and_sampled_inference():
     assert model_label({"point": {"model": {"name": "boltz2"}}, "overrides": ["cp=2"]}) == "boltz2"
     assert workflow_label(rec["point"]) == "inference+sampling"
     assert workflow_label({"workflow": "inference", "model": {"sampling": False}}) == "inference"
+
+
+def test_readout_takes_the_largest_fit_of_several_probes_of_one_cp():
+    from cpbench.report.readout import max_n_sentences
+
+    rows = pd.DataFrame([
+        {"row": "max-fit", "model": "m", "workflow": "training", "topology": "1d", "cp": 1, "N_tokens": 1920,
+         "status": "incomplete"},
+        {"row": "max-fit", "model": "m", "workflow": "training", "topology": "1d", "cp": 1, "N_tokens": 1280,
+         "status": "ok"},
+        {"row": "max-fit", "model": "m", "workflow": "training", "topology": "1d", "cp": 2, "N_tokens": 2560,
+         "status": "ok"},
+    ])
+    (sentence,) = max_n_sentences(rows, None)
+    assert "max N ≥ 1,920 at cp=1, 2,560 at cp=2 (1.33× cp=1" in sentence, sentence

@@ -30,10 +30,12 @@ def max_n_sentences(rows: pd.DataFrame, baseline_max_n: int | None) -> list[str]
     with_model = fits["model"].nunique() > 1
     out = []
     for (model, workflow, topology), grp in fits.groupby(["model", "workflow", "topology"], sort=True):
-        grp = grp.sort_values("cp")
-        by_cp = dict(zip(grp["cp"].astype(int), grp["N_tokens"].astype(int)))
+        by_cp: dict[int, int] = {}  # several probes of one cp: the largest N measured to fit
+        lower: set[int] = set()  # cp whose best figure comes from a probe stopped early
+        for _, r in grp.sort_values(["cp", "N_tokens"]).iterrows():
+            by_cp[int(r["cp"])] = int(r["N_tokens"])
+            (lower.add if r["status"] == "incomplete" else lower.discard)(int(r["cp"]))
         parts = []
-        lower = set(grp.loc[grp["status"] == "incomplete", "cp"].astype(int))  # probes stopped early
         for cp, max_n in by_cp.items():
             text = f"{'≥ ' if cp in lower else ''}{_n(max_n)} at cp={cp}"
             if cp != 1 and 1 in by_cp:
