@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cpbench import results
 from cpbench.config import ConfigError, Point, cpu_default_model, local_gpu_count, resolve_point, signature_config
-from cpbench.runner import Runner, Slots, SupervisorGroup, discover_slots
+from cpbench.runner import Runner, Slots, SupervisorGroup, discover_slots, worker_alloc_conf
 
 log = logging.getLogger("cpbench")
 
@@ -40,11 +40,6 @@ def _hydra_info() -> tuple[Path, bool, int | None, Path | None, list[str], str |
     multirun = hc.mode == RunMode.MULTIRUN
     return (Path(hc.runtime.output_dir), multirun, hc.job.get("num") if multirun else None,
             Path(hc.sweep.dir) if multirun else None, list(hc.overrides.task), hc.runtime.choices.get("model"))
-
-
-def effective_alloc_conf(point: Point) -> str | None:
-    """The PYTORCH_CUDA_ALLOC_CONF the workers run with (an exported one wins, ``runner.py``)."""
-    return os.environ.get("PYTORCH_CUDA_ALLOC_CONF", point.cuda_alloc_conf)
 
 
 def env_metadata(device: str) -> dict:
@@ -158,7 +153,7 @@ def _finish(cfg: DictConfig, point: Point | None, status: str, message: str, fie
         "signature": signature,
         "code": results.code_version(),
         "point": point.record() | {"memory_limit_gib": point.memory_limit_gib,
-                                   "cuda_alloc_conf": effective_alloc_conf(point)} if point else None,
+                                   "cuda_alloc_conf": worker_alloc_conf(point)} if point else None,
         "routine": point.routine if point else cfg.get("routine"),
         "status": status,
         "message": message,

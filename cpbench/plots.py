@@ -62,6 +62,12 @@ def _save(fig, path: Path) -> None:
     plt.close(fig)
 
 
+def best_fit_per_cp(fits: pd.DataFrame) -> pd.DataFrame:
+    """The max-fit row with the largest N of each cp, ordered by cp: one figure per cp when a
+    cp was probed several times (a probe stopped early and its rerun, say)."""
+    return fits.loc[fits.groupby("cp")["N_tokens"].idxmax()].sort_values("cp")
+
+
 def plot_max_n(rows: pd.DataFrame, path: Path) -> str | None:
     """Max N vs cp for each (model, workflow, topology), with ideal √cp scaling dashed."""
     fits = rows[(rows["row"] == "max-fit") & rows["N_tokens"].notna()] if not rows.empty else rows
@@ -70,8 +76,8 @@ def plot_max_n(rows: pd.DataFrame, path: Path) -> str | None:
     with_model = fits["model"].nunique() > 1
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for i, (keys, grp) in enumerate(fits.groupby(["model", "workflow", "topology"], sort=True)):
-        best = grp.groupby("cp")["N_tokens"].max().sort_index()  # several probes of one cp: the largest fit
-        cps, max_n = best.index.to_numpy(dtype=float), best.to_numpy(dtype=float)
+        best = best_fit_per_cp(grp)
+        cps, max_n = best["cp"].astype(float).to_numpy(), best["N_tokens"].astype(float).to_numpy()
         color = f"C{i % 10}"
         ax.plot(cps, max_n, "o-", color=color, label=_series_label(keys, with_model))
         ideal_cp = np.geomspace(cps[0], max(cps[-1], cps[0] * 2), 20)

@@ -55,6 +55,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from cpbench.config import mesh_for
+from cpbench.memory_model import max_over_ranks
+
 SCHEMA_VERSION = 1
 RESULT_FILE = "result.json"
 STATUSES = ("ok", "oom", "timeout", "error", "insufficient_gpus")
@@ -118,8 +121,12 @@ def incomplete_probe(state_path: Path) -> dict | None:
 
     state = read_json(state_path)
     hydra_dir = state_path.parent / ".hydra"
-    config = yaml.safe_load((hydra_dir / "config.yaml").read_text()) if (hydra_dir / "config.yaml").exists() else {}
-    overrides = yaml.safe_load((hydra_dir / "overrides.yaml").read_text()) if (hydra_dir / "overrides.yaml").exists() else []
+
+    def hydra_file(name: str, missing):
+        path = hydra_dir / name
+        return yaml.safe_load(path.read_text()) if path.exists() else missing
+
+    config, overrides = hydra_file("config.yaml", {}), hydra_file("overrides.yaml", [])
     point = state.get("point") or _point_from_config(config)
     if point is None:
         return None
@@ -136,7 +143,7 @@ def incomplete_probe(state_path: Path) -> dict | None:
         "max_n": at_max["N"] if at_max else None, "first_fail_n": first_fail,
         "first_fail_status": fail["status"] if fail else None,
         "depth": state.get("depth"), "depth_verified": state.get("depth_verified"), "points": points,
-        "peak_alloc_gib": max((g for g in at_max["peak_alloc_gib"] if g is not None), default=None) if at_max else None,
+        "peak_alloc_gib": max_over_ranks(at_max["peak_alloc_gib"]) if at_max else None,
         "signature": state.get("signature"), "state_file": state_path.name,
     }
 
@@ -147,16 +154,10 @@ def _point_from_config(config: dict) -> dict | None:
     cp, topology = config.get("cp"), config.get("topology") or {}
     if not isinstance(cp, int):
         return None
-    if topology.get("name") == "2d":
-        from cpbench.config import most_square_cp0
-
-        cp0 = topology.get("cp0") or most_square_cp0(cp)
-        mesh = [cp0, cp // cp0]
-    else:
-        mesh = [cp]
+    mesh, _, _ = mesh_for(topology.get("name"), cp, topology.get("cp0"))
     device = config.get("device")
     return {"workflow": (config.get("workflow") or {}).get("name"), "topology": topology.get("name"), "cp": cp,
-            "mesh_shape": mesh, "N": config.get("N"), "S": config.get("S"), "dtype": config.get("dtype"),
+            "mesh_shape": list(mesh), "N": config.get("N"), "S": config.get("S"), "dtype": config.get("dtype"),
             "device": device if device in ("cuda", "cpu") else None, "model": config.get("model") or {}}
 
 

@@ -246,8 +246,9 @@ class Runner:
         (work_dir / "spec.json").write_text(json.dumps(spec))
         env = {k: v for k, v in os.environ.items()
                if k not in _SUPERVISOR_ENV and not k.startswith("TORCHELASTIC_")}
-        if p.cuda_alloc_conf is not None:  # an exported PYTORCH_CUDA_ALLOC_CONF is the user's choice
-            env.setdefault("PYTORCH_CUDA_ALLOC_CONF", p.cuda_alloc_conf)
+        alloc_conf = worker_alloc_conf(p)
+        if alloc_conf is not None:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = alloc_conf
         procs = []
         for rank, dev in zip(self.slots.ranks, self.slots.device_indices):
             logf = open(work_dir / f"rank{rank}.log", "wb")
@@ -308,6 +309,12 @@ class Runner:
             status, message = "error", f"exited with code {code} without a report{_log_tail(work_dir, rank)}"
         return {"rank": rank, "status": status, "message": message, "peak_alloc_gib": None,
                 "peak_reserved_gib": None, "exit_code": code, "progress": progress}
+
+
+def worker_alloc_conf(point: Point) -> str | None:
+    """The workers' PYTORCH_CUDA_ALLOC_CONF: an exported one is the user's choice and wins,
+    else ``memory.cuda_alloc_conf`` (None: unset)."""
+    return os.environ.get("PYTORCH_CUDA_ALLOC_CONF", point.cuda_alloc_conf)
 
 
 def _progress(work_dir: Path, rank: int) -> dict:

@@ -11,7 +11,8 @@ import math
 
 import pandas as pd
 
-from cpbench.plots import walltime_exponent
+from cpbench.plots import best_fit_per_cp, walltime_exponent
+from cpbench.results import INCOMPLETE
 
 
 def _n(value) -> str:
@@ -30,11 +31,9 @@ def max_n_sentences(rows: pd.DataFrame, baseline_max_n: int | None) -> list[str]
     with_model = fits["model"].nunique() > 1
     out = []
     for (model, workflow, topology), grp in fits.groupby(["model", "workflow", "topology"], sort=True):
-        by_cp: dict[int, int] = {}  # several probes of one cp: the largest N measured to fit
-        lower: set[int] = set()  # cp whose best figure comes from a probe stopped early
-        for _, r in grp.sort_values(["cp", "N_tokens"]).iterrows():
-            by_cp[int(r["cp"])] = int(r["N_tokens"])
-            (lower.add if r["status"] == "incomplete" else lower.discard)(int(r["cp"]))
+        best = best_fit_per_cp(grp)
+        by_cp = dict(zip(best["cp"].astype(int), best["N_tokens"].astype(int)))
+        lower = set(best.loc[best["status"] == INCOMPLETE, "cp"].astype(int))  # from a probe stopped early
         parts = []
         for cp, max_n in by_cp.items():
             text = f"{'≥ ' if cp in lower else ''}{_n(max_n)} at cp={cp}"

@@ -38,6 +38,15 @@ def op_runner(z: torch.Tensor, layout: Layout, checkpoint_ops: bool) -> Callable
     return lambda op, *args: checkpoint(op, *args, use_reentrant=False, context_fn=frozen)
 
 
+def run_block(block: nn.Module, *args, checkpointing: bool = False) -> Any:
+    """``block(*args)``; with ``checkpointing`` and autograd on, checkpointed with its ops
+    checkpointed inside (``checkpoint_ops=True``), so training keeps only the block's inputs.
+    Used by the trunk for its Pairformer blocks and by the MSA module for its blocks."""
+    if checkpointing and torch.is_grad_enabled():
+        return checkpoint(block, *args, True, use_reentrant=False)
+    return block(*args)
+
+
 class PairformerBlock(nn.Module):
     """``forward(s, z, token_mask, layout) -> (s, z)`` with ``s: [N/P, c_s]``,
     ``z: [N/P, N, c_z]`` (row shard of Z), ``token_mask: [N]``; in place without autograd."""

@@ -46,10 +46,14 @@ def budget_bytes(pair: torch.Tensor) -> int:
     if _override_bytes is not None:
         return _override_bytes
     if pair.is_cuda:
-        free_b, _ = torch.cuda.mem_get_info(pair.device)
-        cached_b = torch.cuda.memory_reserved(pair.device) - torch.cuda.memory_allocated(pair.device)
-        return int((free_b + cached_b) * _CUDA_FREE_FRACTION)
+        return int(_cuda_free_bytes(pair.device) * _CUDA_FREE_FRACTION)
     return max(pair.numel() * pair.element_size() // 4, _CPU_FLOOR_BYTES)
+
+
+def _cuda_free_bytes(device: torch.device) -> int:
+    """What the caching allocator can hand out: device free plus cached-but-unused bytes."""
+    free_b, _ = torch.cuda.mem_get_info(device)
+    return free_b + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
 # Pair-shard-sized tensors the backward of one checkpointed block holds besides the chunks of the
@@ -66,9 +70,7 @@ def training_budget_bytes(pair: torch.Tensor) -> int:
     training max N). CPU: the default (a quarter of the pair shard)."""
     if _override_bytes is not None or not pair.is_cuda:
         return budget_bytes(pair)
-    free_b, _ = torch.cuda.mem_get_info(pair.device)
-    cached_b = torch.cuda.memory_reserved(pair.device) - torch.cuda.memory_allocated(pair.device)
-    room_b = free_b + cached_b - BACKWARD_PAIRS * pair.numel() * pair.element_size()
+    room_b = _cuda_free_bytes(pair.device) - BACKWARD_PAIRS * pair.numel() * pair.element_size()
     return max(int(room_b * _CUDA_FREE_FRACTION), _MIN_TRAINING_BUDGET_BYTES)
 
 

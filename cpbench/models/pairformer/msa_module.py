@@ -30,10 +30,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from cpbench.data.vocab import NUM_RESTYPES
-from cpbench.models.pairformer.block import op_runner
+from cpbench.models.pairformer.block import op_runner, run_block
 from cpbench.models.pairformer.comm import transpose_pair
 from cpbench.models.pairformer.layout import Layout
 from cpbench.models.pairformer.msa_ops import OuterProductMean, PairWeightedAveraging
@@ -126,8 +125,5 @@ class MsaModule(nn.Module):
         token_mask = feats["token_mask"]
         m, msa_mask = self.embed(feats, s_inputs, layout)
         for block in self.blocks[:run_blocks]:
-            if checkpointing and torch.is_grad_enabled():
-                m, z = checkpoint(block, m, z, msa_mask, token_mask, layout, True, use_reentrant=False)
-            else:
-                m, z = block(m, z, msa_mask, token_mask, layout)
+            m, z = run_block(block, m, z, msa_mask, token_mask, layout, checkpointing=checkpointing)
         return z

@@ -12,11 +12,10 @@ import time
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from cpbench.models.pairformer import chunking, comm
 from cpbench.models.pairformer.atom_encoder import AtomAttentionEncoder
-from cpbench.models.pairformer.block import PairformerBlock
+from cpbench.models.pairformer.block import PairformerBlock, run_block
 from cpbench.models.pairformer.embed import InputEmbedder
 from cpbench.models.pairformer.layout import Layout
 from cpbench.models.pairformer.msa_module import MsaModule
@@ -102,10 +101,7 @@ class PairformerTrunk(nn.Module):
                 self.block_comm_bytes, self.block_ms = [], []
                 for block in blocks:
                     sent_b, start_s = comm.BYTES.sent_b, now_s(z)
-                    if checkpointing and torch.is_grad_enabled():
-                        s, z = checkpoint(block, s, z, token_mask, layout, True, use_reentrant=False)
-                    else:
-                        s, z = block(s, z, token_mask, layout)
+                    s, z = run_block(block, s, z, token_mask, layout, checkpointing=checkpointing)
                     self.block_comm_bytes.append(comm.BYTES.sent_b - sent_b)
                     self.block_ms.append((now_s(z) - start_s) * 1e3)
         return s, z
