@@ -85,3 +85,27 @@ def record_trained_param_errors(errors: dict, mod: torch.nn.Module, ref: torch.n
     flat = torch.cat([p.detach().reshape(-1) for p in mod.parameters()])
     flat_ref = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
     errors["train3/params"] = rel_error(flat, flat_ref) * TOL / TRUNK_PARAM_TOL
+
+
+def msa_module_case(feats: dict, rows: slice, msa: dict, seed: int, data_seed: int) -> tuple:
+    """The inputs and the twin modules of an MSA-module parity check on one rank.
+
+    Keeps only this rank's MSA columns ``rows`` in ``feats`` (in place, as the adapter hands
+    them out) and returns ``(z, wz, s_inputs, g, ref, mod)``: a random global pair input ``z``
+    and loss weights ``wz`` (``[N_pad, N_pad, c_z]``, garbage in the padding) and ``s_inputs``
+    (``[N_pad, c_s]``) drawn from the generator ``g`` seeded with ``data_seed`` (returned for
+    further draws), and two ``MsaModule(**msa)`` with the same weights from ``seed`` (one to
+    run serially, one sharded)."""
+    from cpbench.data.synthetic import MSA_KEYS
+    from cpbench.models.pairformer.msa_module import MsaModule
+
+    for key in MSA_KEYS:
+        feats[key] = feats[key][:, rows].contiguous()
+    n_pad = feats["token_mask"].shape[0]
+    g = torch.Generator().manual_seed(data_seed)
+    z, wz = torch.randn(2, n_pad, n_pad, msa["c_z"], generator=g)
+    s_inputs = torch.randn(n_pad, msa["c_s"], generator=g)
+    torch.manual_seed(seed)
+    ref = MsaModule(**msa)
+    torch.manual_seed(seed)
+    return z, wz, s_inputs, g, ref, MsaModule(**msa)

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from _dist import run_distributed
-from _parity import rel_error
+from _parity import msa_module_case, rel_error
 from cpbench.data.sharding import pad_features
-from cpbench.data.synthetic import MSA_KEYS, make_synthetic_features
+from cpbench.data.synthetic import make_synthetic_features
 from cpbench.models.pairformer import chunking, comm
 from cpbench.models.pairformer.adapter import all_reduce_grads
 from cpbench.models.pairformer.atom_encoder import AtomAttentionEncoder
@@ -83,15 +83,7 @@ def _check_msa_module(seed: int, errors: dict, volumes: dict) -> None:
     rows = layout.rows(n_pad)
     k = min(rows.stop, N) - rows.start
     real = slice(rows.start, rows.start + k)
-    for key in MSA_KEYS:  # the adapter hands each rank its own MSA columns only
-        feats[key] = feats[key][:, rows].contiguous()
-    g = torch.Generator().manual_seed(seed + 2)
-    z, wz = torch.randn(2, n_pad, n_pad, C_Z, generator=g)  # garbage in the padding
-    s_inputs = torch.randn(n_pad, C_S, generator=g)
-    torch.manual_seed(seed)
-    ref = MsaModule(**MSA)
-    torch.manual_seed(seed)
-    mod = MsaModule(**MSA)
+    z, wz, s_inputs, g, ref, mod = msa_module_case(feats, rows, MSA, seed, seed + 2)  # this rank's MSA columns
 
     z_ref = z[:N, :N].clone().requires_grad_()
     z_out_ref = ref(ref_feats, s_inputs[:N], z_ref, serial)

@@ -11,13 +11,19 @@ block_mod = pytest.importorskip("cpbench.models.pairformer.block", reason="refer
 layout_mod = pytest.importorskip("cpbench.models.pairformer.layout", reason="reference Pairformer layout not importable")
 
 
-def test_block_flops_match_torch_flop_counter_on_reference_block():
-    # Odd sizes so no term can hide behind another; autograd on so torch counts every matmul
-    # (its no-grad CPU attention kernel is not counted by FlopCounterMode).
+def _odd_sized_block():
+    """Odd sizes, so that no term of the count can hide behind another."""
     sizes = flops.PairformerSizes(c_s=24, c_z=12, blocks=1, heads_single=3, heads_tri=2, head_dim_tri=5,
                                   transition_factor=3)
     block = block_mod.PairformerBlock(sizes.c_s, sizes.c_z, sizes.heads_single, sizes.heads_tri,
                                       sizes.head_dim_tri, sizes.transition_factor)
+    return sizes, block
+
+
+def test_block_flops_match_torch_flop_counter_on_reference_block():
+    # Autograd on, so that torch counts every matmul (its no-grad CPU attention kernel is not
+    # counted by FlopCounterMode).
+    sizes, block = _odd_sized_block()
     n = 37
     s, z = torch.randn(n, sizes.c_s), torch.randn(n, n, sizes.c_z)
     with FlopCounterMode(display=False) as counter:
@@ -28,10 +34,7 @@ def test_block_flops_match_torch_flop_counter_on_reference_block():
 def test_checkpoint_recompute_matches_flop_counter_on_reference_block():
     # The trunk checkpoints each block and, inside it, each op (checkpoint_ops=True): the
     # difference to a plain forward+backward is RECOMPUTE_PASSES forwards of the block.
-    sizes = flops.PairformerSizes(c_s=24, c_z=12, blocks=1, heads_single=3, heads_tri=2, head_dim_tri=5,
-                                  transition_factor=3)
-    block = block_mod.PairformerBlock(sizes.c_s, sizes.c_z, sizes.heads_single, sizes.heads_tri,
-                                      sizes.head_dim_tri, sizes.transition_factor)
+    sizes, block = _odd_sized_block()
     n = 19
     mask, layout = torch.ones(n, dtype=torch.bool), layout_mod.serial_layout()
     totals = []

@@ -19,9 +19,9 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 from _dist import run_distributed
-from _parity import rel_error
+from _parity import msa_module_case, rel_error
 from cpbench.data.sharding import pad_features
-from cpbench.data.synthetic import MSA_KEYS, make_synthetic_features
+from cpbench.data.synthetic import make_synthetic_features
 from cpbench.models.pairformer import chunking, comm
 from cpbench.models.pairformer.adapter import PairformerAdapter, all_reduce_grads, trunk_loss
 from cpbench.models.pairformer.layout import layout_from_mesh, serial_layout
@@ -95,15 +95,8 @@ def _worker(rank: int, world: int, shape: tuple[int, int], seed: int) -> dict:
     rows, cols = layout.rows(n_pad), layout.cols(n_pad)
     kr, kc = max(0, min(rows.stop, N) - rows.start), max(0, min(cols.stop, N) - cols.start)
     real_r, real_c = slice(rows.start, rows.start + kr), slice(cols.start, cols.start + kc)
-    for key in MSA_KEYS:  # the adapter hands each rank the MSA columns of its tile rows only
-        feats[key] = feats[key][:, rows].contiguous()
-    g = torch.Generator().manual_seed(seed + 1)
-    z, wz = torch.randn(2, n_pad, n_pad, C_Z, generator=g)  # garbage in the padding
-    s_inputs = torch.randn(n_pad, C_S, generator=g)
-    torch.manual_seed(seed)
-    ref = MsaModule(**MSA)
-    torch.manual_seed(seed)
-    mod = MsaModule(**MSA)
+    # the adapter hands each rank the MSA columns of its tile rows only
+    z, wz, s_inputs, g, ref, mod = msa_module_case(feats, rows, MSA, seed, seed + 1)
     errors: dict[str, float] = {}
 
     z_ref = z[:N, :N].clone().requires_grad_()
