@@ -111,7 +111,7 @@ def _transpose_1d(z: torch.Tensor, layout: Layout) -> torch.Tensor:
 
     Channel-chunked so the send/receive buffers stay within the chunk budget.
     """
-    p, n_local, n_pad, c = layout.size, z.shape[0], z.shape[1], z.shape[2]
+    p, n_local, c = layout.size, z.shape[0], z.shape[2]
     out = torch.empty_like(z, memory_format=torch.contiguous_format)
     # out[j, s-block i, :] = Z[i in s, j mine]: block s of the result comes from rank s.
     out_blocks = out.view(n_local, p, n_local, c)

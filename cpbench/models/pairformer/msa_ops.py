@@ -23,7 +23,6 @@ exact. A per-column quantity of the tile columns ``C_b`` is all-gathered along t
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from cpbench.models.pairformer import chunking, comm

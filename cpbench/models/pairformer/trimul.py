@@ -11,7 +11,6 @@ gathered from all ranks in row chunks so no rank ever holds a full ``N x N x c``
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
