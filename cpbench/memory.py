@@ -26,6 +26,10 @@ GIB = float(1 << 30)
 MEASURE_CUDA = "cuda_allocator"          # torch.cuda.max_memory_allocated / reserved
 MEASURE_CPU = "cpu_peak_rss_above_baseline"  # VmHWM - VmRSS at reset (no torch accounting on CPU)
 _OOM_MARKERS = ("out of memory", "can't allocate memory", "defaultcpuallocator", "cannot allocate memory")
+# oneDNN reports a failed allocation of its own buffers only as this; under this process's CPU
+# cap (RLIMIT_DATA) that is what it means (seen at the cap's edge in the tiny trunk's probe).
+_ONEDNN_FAILURE = "could not create a primitive"
+_cpu_capped = False  # set by apply_limit in this (worker) process
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -33,7 +37,8 @@ def is_oom(exc: BaseException) -> bool:
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return True
     text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and any(m in text for m in _OOM_MARKERS)
+    markers = _OOM_MARKERS + ((_ONEDNN_FAILURE,) if _cpu_capped else ())
+    return isinstance(exc, RuntimeError) and any(m in text for m in markers)
 
 
 def _proc_status_bytes(key: str) -> int:
@@ -52,8 +57,10 @@ def apply_limit(limit_gib: float | None, device: torch.device) -> str | None:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, limit_gib * GIB / total), device)
         return f"cuda memory fraction {min(1.0, limit_gib * GIB / total):.4f} of {total / GIB:.1f} GiB"
+    global _cpu_capped
     cap = _proc_status_bytes("VmData") + int(limit_gib * GIB)
     resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
+    _cpu_capped = True
     return f"RLIMIT_DATA = baseline + {limit_gib:g} GiB"
 
 

@@ -41,3 +41,15 @@ def test_probe_under_cpu_memory_cap_finds_a_measured_boundary():
     fails = run_timing(replace(point, N=fail_n, N_atoms=8 * fail_n), runner, None)
     assert fits["status"] == "ok" and len(fits["times_ms"]) == 5 and fits["memory_measure"] == MEASURE_CPU
     assert fails["status"] == "oom" and "can't allocate memory" in fails["message"]
+
+
+def test_onednn_failure_counts_as_oom_only_under_the_cpu_cap(monkeypatch):
+    """oneDNN says only "could not create a primitive" when its buffers cannot be allocated:
+    an out-of-memory verdict where this process runs under the CPU cap, a bug elsewhere."""
+    from cpbench import memory
+
+    exc = RuntimeError("could not create a primitive")
+    assert not memory.is_oom(exc)
+    monkeypatch.setattr(memory, "_cpu_capped", True)
+    assert memory.is_oom(exc)
+    assert not memory.is_oom(RuntimeError("shape mismatch"))
