@@ -10,10 +10,12 @@
 #   got); then the cp=2 (1d) training max-N probe over both GPUs
 # call3, cp=2: walltime sweep 1d -> 1d vs 2d (1x2) at N=4096, 8192 -> the cp=2 training probe
 #   from 2560 (call2's from 3584 finished no step in 300 s)
-# call4, call5 (not run: the session's device time was spent): the training probes again with
-#   the backward-aware training chunk budget; 2d 1x2 at N=8192; the inference max-N probes with
-#   sampling, 2d (1x2) and 1d. Results of calls 1-3: docs/benchmarks/2026-11-30-h200-b/ and
-#   docs/perf_notes.md
+# Results of calls 1-3: docs/benchmarks/2026-11-30-h200-b/ and docs/perf_notes.md. The next
+# session (call4 to call6) runs with the backward-aware training chunk budget:
+# call4, two single-GPU lanes: the cp=1 training target (one point, N=2560) | sampling N=1024
+#   cp=1 (8 steps); then whichever lane is free first runs the max-N probe with sampling at cp=1
+# call5: 2d 1x2 at N=8192; the cp=2 training target (one point, N=3584)
+# call6: sampling N=1024 cp=2; the max-N probes with sampling, 1d and 2d (1x2)
 # Every phase gets min(its limit, what is left of SECONDS); a phase cut short keeps what it
 # measured (result.json per finished point, probe_state.json per probe point).
 # The walltime sweeps run a one-block slice of the boltz2 trunk (model.blocks=1,
@@ -53,8 +55,20 @@ SAMPLING=(workflow=inference routine=timing)  # boltz2 defaults: 3 recycles, 200
 # max N with sampling: the peak of a sampler step does not grow with steps, nor with recycles
 # (no autograd): 2 steps, no recycling, probe depth 1 (verified at the first point)
 SAMPLING_PROBE=(workflow=inference workflow.sampling_steps=2 workflow.recycles=0 routine=probe
-                probe.depth=1 probe.growth=2 probe.start=$(n 2048) probe.granularity=$(n 8192))
+                probe.depth=1 probe.growth=2 probe.start=$(n 2048))
 TRAIN_PROBE=(workflow=training routine=probe probe.timeout_s=300)
+
+# queue "NAME|LIMIT_S|overrides" ...: run each job no other lane has claimed (mkdir is atomic)
+queue() {
+  local job name limit
+  for job in "$@"; do
+    IFS='|' read -r name limit rest <<< "$job"
+    mkdir "$OUTDIR/.claim_$name" 2>/dev/null || continue
+    # shellcheck disable=SC2086
+    phase "$name" "$limit" $rest
+  done
+}
+QUEUE4=("probe_sampling_cp1|300|${SAMPLING_PROBE[*]} cp=1 probe.timeout_s=150 probe.budget_s=120 probe.granularity=$(n 4096)")
 
 case $CALL in
 call1)
@@ -84,16 +98,28 @@ call3)  # after call2: the device time left covers the walltime sweeps and one t
   phase walltime_cp2_2d 70 "${TRUNK[@]}" "${SLICE[@]}" routine=timing cp=2 topology=2d topology.cp0=1 N=$(n 4096,8192)
   phase probe_training_cp2 400 "${TRAIN_PROBE[@]}" cp=2 topology=1d probe.start=$(n 2560) \
     probe.growth=1.2 probe.granularity=$(n 512) probe.timeout_s=220 ;;
-call4)  # not run yet: the training probes again with chunking.training_budget_bytes; each probe
-  # stops starting points at probe.budget_s, so it writes result.json inside its phase
-  phase probe_training_cp1_budget 270 "${TRAIN_PROBE[@]}" cp=1 probe.start=$(n 2560) probe.growth=1.1 \
-    probe.granularity=$(n 256) probe.timeout_s=200 probe.budget_s=60
-  phase probe_training_cp2_budget 300 "${TRAIN_PROBE[@]}" cp=2 topology=1d probe.start=$(n 3072) \
-    probe.growth=1.1667 probe.granularity=$(n 512) probe.timeout_s=280 probe.budget_s=20 ;;
-call5)  # not run yet: 2d 1x2 at N=8192 and the inference max-N probes with sampling, 2d and 1d
-  phase walltime_cp2_2d_8192 100 "${TRUNK[@]}" "${SLICE[@]}" routine=timing cp=2 topology=2d topology.cp0=1 N=$(n 8192)
-  phase probe_sampling_cp2_2d 220 "${SAMPLING_PROBE[@]}" cp=2 topology=2d topology.cp0=1 probe.timeout_s=120 probe.budget_s=90
-  phase probe_sampling_cp2_1d 220 "${SAMPLING_PROBE[@]}" cp=2 topology=1d probe.timeout_s=120 probe.budget_s=90 ;;
+call4)  # third session: two single-GPU lanes; each lane runs its own job, then takes the next
+  # unclaimed job of the shared queue (QUEUE4)
+  ( export CUDA_VISIBLE_DEVICES=0
+    phase probe_training_cp1_n2560 450 "${TRAIN_PROBE[@]}" cp=1 probe.start=$(n 2560) probe.budget_s=1 \
+      probe.timeout_s=430
+    queue "${QUEUE4[@]}"
+  ) > "$OUTDIR/lane0.txt" 2>&1 &
+  ( export CUDA_VISIBLE_DEVICES=1
+    phase sampling_cp1_n1024 420 "${SAMPLING[@]}" cp=1 N=$(n 1024) timing.timeout_s=400
+    queue "${QUEUE4[@]}"
+  ) > "$OUTDIR/lane1.txt" 2>&1 &
+  wait ;;
+call5)  # 2d 1x2 at N=8192 (call3's 70 s phase was too short), then the cp=2 training target, one point
+  phase walltime_cp2_2d_n8192 130 "${TRUNK[@]}" "${SLICE[@]}" routine=timing cp=2 topology=2d topology.cp0=1 \
+    N=$(n 8192) timing.timeout_s=120
+  phase probe_training_cp2_n3584 440 "${TRAIN_PROBE[@]}" cp=2 topology=1d probe.start=$(n 3584) probe.budget_s=1 \
+    probe.timeout_s=420 ;;
+call6)  # sampling at cp=2: the timing at N=1024, then the max-N probes with sampling, 1d and 2d (1x2)
+  phase sampling_cp2_n1024 280 "${SAMPLING[@]}" cp=2 topology=1d N=$(n 1024) timing.timeout_s=260
+  phase probe_sampling_cp2_1d 140 "${SAMPLING_PROBE[@]}" probe.granularity=$(n 8192) cp=2 topology=1d probe.timeout_s=100 probe.budget_s=60
+  phase probe_sampling_cp2_2d 140 "${SAMPLING_PROBE[@]}" probe.granularity=$(n 8192) cp=2 topology=2d topology.cp0=1 probe.timeout_s=100 \
+    probe.budget_s=60 ;;
 *) echo "unknown call $CALL"; exit 2 ;;
 esac
 cat "$OUTDIR"/lane*.txt 2>/dev/null
