@@ -120,6 +120,14 @@ call6)  # sampling at cp=2: the timing at N=1024, then the max-N probes with sam
   phase probe_sampling_cp2_1d 140 "${SAMPLING_PROBE[@]}" probe.granularity=$(n 8192) cp=2 topology=1d probe.timeout_s=100 probe.budget_s=60
   phase probe_sampling_cp2_2d 140 "${SAMPLING_PROBE[@]}" probe.granularity=$(n 8192) cp=2 topology=2d topology.cp0=1 probe.timeout_s=100 \
     probe.budget_s=60 ;;
+call7)  # the device time left after call6: its two sampling probes continue from their probe_state.json
+  # (SEED=call6's OUTDIR; same overrides, so the same signature: no new depth check, known points kept)
+  for p in probe_sampling_cp2_2d probe_sampling_cp2_1d; do
+    mkdir -p "$OUTDIR/$p/0" && cp "${SEED:?call6 OUTDIR}/$p/0/probe_state.json" "$OUTDIR/$p/0/"
+  done
+  phase probe_sampling_cp2_2d 190 "${SAMPLING_PROBE[@]}" probe.granularity=$(n 8192) cp=2 topology=2d topology.cp0=1 probe.timeout_s=100 \
+    probe.budget_s=60
+  phase probe_sampling_cp2_1d 170 "${SAMPLING_PROBE[@]}" probe.granularity=$(n 8192) cp=2 topology=1d probe.timeout_s=100 probe.budget_s=60 ;;
 *) echo "unknown call $CALL"; exit 2 ;;
 esac
 cat "$OUTDIR"/lane*.txt 2>/dev/null
