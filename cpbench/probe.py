@@ -187,8 +187,12 @@ class Probe:
             out["message"] = f"no N fits (smallest tried: {smallest}): " + (fail["message"] if fail else "")
         else:
             out["status"] = "ok"
-            out["message"] = (f"stopped at {self.cap} before the bisection "
-                              f"reached probe.granularity" if capped else "")
+            if not capped:
+                out["message"] = ""
+            elif first_fail_n is None:
+                out["message"] = f"stopped at {self.cap} before any N failed: max_n is a lower bound"
+            else:
+                out["message"] = f"stopped at {self.cap} before the bisection reached probe.granularity"
         return out
 
 

@@ -113,6 +113,27 @@ def iter_incomplete_probes(root: str | os.PathLike) -> Iterator[tuple[Path, dict
             yield path, record
 
 
+def without_continued_probes(found: list[tuple[Path, dict]]) -> list[tuple[Path, dict]]:
+    """``found`` minus each probe record that a later run of the same probe continued: same
+    signature, and every point it measured is in the other record, measured the same (a probe
+    resumed from a copy of its probe_state.json holds the earlier points). The report then shows
+    one row per probe, with its final verdict."""
+    def measured(record: dict) -> dict:
+        return {p["N"]: (p.get("status"), json.dumps(p.get("peak_alloc_gib"))) for p in record.get("points") or []}
+
+    probes = [(i, rec) for i, (_, rec) in enumerate(found) if rec.get("routine") == "probe" and rec.get("signature")]
+    dropped = set()
+    for i, rec in probes:
+        mine = measured(rec)
+        for j, other in probes:
+            theirs = measured(other)
+            if (j != i and j not in dropped and other["signature"] == rec["signature"] and len(theirs) > len(mine)
+                    and all(theirs.get(n) == m for n, m in mine.items())):
+                dropped.add(i)
+                break
+    return [item for i, item in enumerate(found) if i not in dropped]
+
+
 def incomplete_probe(state_path: Path) -> dict | None:
     """A probe record (status ``incomplete``) from a probe's ``probe_state.json`` and the job's
     ``.hydra/config.yaml`` / ``overrides.yaml``: ``max_n`` is the largest N that fit below the

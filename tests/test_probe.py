@@ -61,7 +61,14 @@ def test_probe_stops_at_max_points_and_says_so():
     runner = ScriptedRunner(max_fit_n=10**9)
     out = Probe(probe_point(start=16, granularity=16, depth=None, max_points=3), runner, None, "sig").run()
     assert len(runner.calls) == 3 and out["max_n"] == 64 and out["first_fail_n"] is None
-    assert "max_points=3" in out["message"]
+    assert "max_points=3" in out["message"] and "lower bound" in out["message"]  # no N failed yet
+
+
+def test_probe_capped_inside_the_bisection_says_the_gap_is_open():
+    runner = ScriptedRunner(max_fit_n=40)  # 16, 32 fit, 64 fails, then 48 would be tried
+    out = Probe(probe_point(start=16, granularity=8, depth=None, max_points=3), runner, None, "sig").run()
+    assert out["max_n"] == 32 and out["first_fail_n"] == 64
+    assert "before the bisection reached probe.granularity" in out["message"]
 
 
 def test_probe_starts_no_point_after_its_time_budget_and_says_so():

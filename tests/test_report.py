@@ -197,11 +197,62 @@ def test_readout_takes_the_largest_fit_of_several_probes_of_one_cp():
 
     rows = pd.DataFrame([
         {"row": "max-fit", "model": "m", "workflow": "training", "topology": "1d", "cp": 1, "N_tokens": 1920,
-         "status": "incomplete"},
+         "status": "incomplete", "first_fail_status": "oom"},
         {"row": "max-fit", "model": "m", "workflow": "training", "topology": "1d", "cp": 1, "N_tokens": 1280,
-         "status": "ok"},
+         "status": "ok", "first_fail_status": "oom"},
         {"row": "max-fit", "model": "m", "workflow": "training", "topology": "1d", "cp": 2, "N_tokens": 2560,
-         "status": "ok"},
+         "status": "ok", "first_fail_status": "oom"},
     ])
-    (sentence,) = max_n_sentences(rows, None)
+    sentence, legend = max_n_sentences(rows, None)
     assert "max N ≥ 1,920 at cp=1, 2,560 at cp=2 (1.33× cp=1" in sentence, sentence
+    assert "lower bound" in legend
+
+
+def test_readout_marks_a_max_n_below_a_timeout_or_no_failure_as_a_lower_bound():
+    """Only an out-of-memory bounds the max N from above: a probe whose first failure is a
+    timeout, or that never failed, found a lower bound."""
+    from cpbench.report.readout import max_n_sentences
+
+    rows = pd.DataFrame([
+        {"row": "max-fit", "model": "m", "workflow": "inference", "topology": "1d", "cp": cp, "N_tokens": n,
+         "status": "ok", "first_fail_status": cause}
+        for cp, n, cause in ((1, 8192, "timeout"), (2, 16384, "oom"), (4, 24576, None))])
+    sentence = max_n_sentences(rows, None)[0]
+    assert "max N ≥ 8,192 at cp=1, 16,384 at cp=2" in sentence and "≥ 24,576 at cp=4" in sentence, sentence
+
+
+def test_walltime_readout_says_slower_when_cp_costs_time():
+    from cpbench.report.readout import walltime_sentences
+
+    rows = pd.DataFrame([
+        {"row": "timing", "status": "ok", "model": "m", "workflow": "inference", "cp": cp, "CP config": cfg,
+         "N_tokens": n, "walltime (ms)": ms}
+        for cp, cfg, n, ms in ((1, "1d cp=1", 1024, 100.0), (1, "1d cp=1", 2048, 400.0),
+                               (2, "1d cp=2", 1024, 110.0), (2, "1d cp=2", 2048, 200.0),
+                               (2, "2d 1x2 cp=2", 2048, 500.0))])
+    text = " ".join(walltime_sentences(rows))
+    assert "1d cp=2 200.0 ms (2.00× faster than cp=1)" in text, text
+    assert "2d 1x2 cp=2 500.0 ms (1.25× slower than cp=1)" in text, text
+
+
+def _probe_record(signature: str, points: list[tuple[int, str, float | None]]) -> dict:
+    return {"routine": "probe", "signature": signature,
+            "points": [{"N": n, "status": status, "fits": status == "ok", "peak_alloc_gib": [peak]}
+                       for n, status, peak in points]}
+
+
+def test_a_continued_probe_replaces_the_record_it_continued():
+    """A probe resumed from a copy of its probe_state.json (same signature, its earlier points
+    inside) supersedes the earlier record; a probe that measured a point differently, or another
+    signature, is a separate run and keeps its row."""
+    from cpbench.results import without_continued_probes
+
+    early = _probe_record("s", [(2048, "ok", 9.4), (4096, "ok", 34.9)])
+    continued = _probe_record("s", [(2048, "ok", 9.4), (4096, "ok", 34.9), (8192, "oom", None)])
+    rerun = _probe_record("s", [(2048, "ok", 9.5)])  # measured again, not copied
+    other = _probe_record("t", [(2048, "ok", 9.4)])
+    timing = {"routine": "timing", "signature": "s"}
+    found = [(Path(name), rec) for name, rec in
+             (("a", early), ("b", continued), ("c", rerun), ("d", other), ("e", timing))]
+    kept = [str(path) for path, _ in without_continued_probes(found)]
+    assert kept == ["b", "c", "d", "e"]

@@ -22,7 +22,7 @@ from cpbench.report.readout import readout
 from cpbench.report.rows import probe_point_rows, result_rows
 from cpbench.report.sections import (flops_section, memory_section, metadata_section, plots_section,
                                      results_section)
-from cpbench.results import iter_incomplete_probes, iter_results
+from cpbench.results import iter_incomplete_probes, iter_results, without_continued_probes
 
 REPORT_STEM = "cp_benchmark"
 
@@ -46,6 +46,7 @@ def build_report(root, out=None, baseline_max_n: int | None = None,
     """
     root = Path(root).resolve()
     found = list(iter_results(root)) + list(iter_incomplete_probes(root))  # + probes stopped early
+    found = without_continued_probes(found)
     records = [rec for _, rec in found]
     baseline_max_n = baseline_max_n or _from_report_config(records, "baseline_max_n")
     peak_tflops = peak_tflops or _from_report_config(records, "peak_tflops")

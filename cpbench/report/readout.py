@@ -33,7 +33,7 @@ def max_n_sentences(rows: pd.DataFrame, baseline_max_n: int | None) -> list[str]
     for (model, workflow, topology), grp in fits.groupby(["model", "workflow", "topology"], sort=True):
         best = best_fit_per_cp(grp)
         by_cp = dict(zip(best["cp"].astype(int), best["N_tokens"].astype(int)))
-        lower = set(best.loc[best["status"] == INCOMPLETE, "cp"].astype(int))  # from a probe stopped early
+        lower = set(best.loc[is_lower_bound(best), "cp"].astype(int))
         parts = []
         for cp, max_n in by_cp.items():
             text = f"{'≥ ' if cp in lower else ''}{_n(max_n)} at cp={cp}"
@@ -47,7 +47,17 @@ def max_n_sentences(rows: pd.DataFrame, baseline_max_n: int | None) -> list[str]
             ratios = ", ".join(f"{by_cp[cp] / baseline_max_n:.2f}× at cp={cp}" for cp in by_cp)
             sentence += f"; against the user-supplied single-GPU baseline of {_n(baseline_max_n)}: {ratios}"
         out.append(sentence + ".")
+    if any("≥ " in sentence for sentence in out):
+        out.append("≥ marks a lower bound: that probe was stopped early, or no N ran out of memory "
+                   "(nothing failed, or the first failure was a timeout or an error).")
     return out
+
+
+def is_lower_bound(fits: pd.DataFrame) -> pd.Series:
+    """Max-fit rows whose N is only a lower bound of the max N: the probe was stopped early
+    (``incomplete``) or its first failure was not an out-of-memory (none, a timeout, an error)."""
+    cause = fits["first_fail_status"] if "first_fail_status" in fits else pd.Series(None, index=fits.index)
+    return (fits["status"] == INCOMPLETE) | (cause.fillna("") != "oom")
 
 
 def walltime_sentences(rows: pd.DataFrame) -> list[str]:
@@ -76,9 +86,14 @@ def walltime_sentences(rows: pd.DataFrame) -> list[str]:
             others = grp[(grp["N_tokens"] == n) & (grp["cp"] != 1)]
             at_n = others.groupby(["cp", "CP config"])["walltime (ms)"].median()
             t1 = base[base["N_tokens"] == n]["walltime (ms)"].median()
-            ratios = [f"{cfg} {t:.1f} ms ({t1 / t:.2f}× faster than cp=1)" for (_, cfg), t in at_n.items()]
+            ratios = [f"{cfg} {t:.1f} ms ({_speedup(t1, t)})" for (_, cfg), t in at_n.items()]
             out.append(f"At N={_n(n)} ({what}), cp=1 takes {t1:.1f} ms; " + ", ".join(ratios) + ".")
     return out
+
+
+def _speedup(cp1_ms: float, ms: float) -> str:
+    """'1.97× faster than cp=1' or, when CP costs time, '1.10× slower than cp=1'."""
+    return f"{cp1_ms / ms:.2f}× faster than cp=1" if ms <= cp1_ms else f"{ms / cp1_ms:.2f}× slower than cp=1"
 
 
 def cost_sentences(rows: pd.DataFrame) -> list[str]:

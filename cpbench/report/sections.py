@@ -146,7 +146,7 @@ def results_section(rows: pd.DataFrame) -> str:
             "One row per job. `max-fit` rows come from the max-N probe: N_tokens is the largest N "
             "measured to fit and peak_mem reads `peak (CAUSE@first failing N)`; status `incomplete`: the "
             "probe was stopped before it finished (read from its probe_state.json), so its max N is a "
-            "lower bound. peak_mem is the per-rank "
+            "lower bound, as it is when no N ran out of memory (no failure, TIMEOUT, ERROR). peak_mem is the per-rank "
             "peak (max over ranks, allocated); walltime is the median over repeats of the slowest rank "
             "per iteration.", "",
             md_table(table, list(TABLE_COLUMNS) + extra, fmt), "",
