@@ -16,6 +16,9 @@
 #   cp=1 (8 steps); then whichever lane is free first runs the max-N probe with sampling at cp=1
 # call5: 2d 1x2 at N=8192; the cp=2 training target (one point, N=3584)
 # call6: sampling N=1024 cp=2; the max-N probes with sampling, 1d and 2d (1x2)
+# call7: call6's probes continued from their probe_state.json (SEED=call6's OUTDIR)
+# call8, call9 (not run yet: the session's device time was spent): sampling N=2048 cp=2; the
+#   max-N probes with sampling whose first failure was a timeout, with longer point limits
 # Every phase gets min(its limit, what is left of SECONDS); a phase cut short keeps what it
 # measured (result.json per finished point, probe_state.json per probe point).
 # The walltime sweeps run a one-block slice of the boltz2 trunk (model.blocks=1,
@@ -128,6 +131,15 @@ call7)  # the device time left after call6: its two sampling probes continue fro
   phase probe_sampling_cp2_2d 190 "${SAMPLING_PROBE[@]}" probe.granularity=$(n 8192) cp=2 topology=2d topology.cp0=1 probe.timeout_s=100 \
     probe.budget_s=60
   phase probe_sampling_cp2_1d 170 "${SAMPLING_PROBE[@]}" probe.granularity=$(n 8192) cp=2 topology=1d probe.timeout_s=100 probe.budget_s=60 ;;
+call8)  # not run yet: sampling at N=2048, cp=2 (about 65 s per step by the N=1024 stage times: the whole call)
+  phase sampling_cp2_n2048 590 "${SAMPLING[@]}" cp=2 topology=1d N=$(n 2048) timing.timeout_s=575 ;;
+call9)  # not run yet: the max-N probes with sampling whose first failure was a timeout (call4's cp=1
+  # at 16384 after 150 s, call7's 2d at 16384 after 100 s), again with longer point limits
+  phase probe_sampling_cp2_2d_long 330 "${SAMPLING_PROBE[@]}" probe.granularity=$(n 8192) cp=2 topology=2d \
+    topology.cp0=1 probe.timeout_s=240 probe.budget_s=60
+  # cp=1 from 3072 (the depth check runs all 64 blocks there, about a minute): 6144, then 12288
+  phase probe_sampling_cp1_long 250 "${SAMPLING_PROBE[@]}" probe.granularity=$(n 4096) cp=1 \
+    probe.start=$(n 3072) probe.timeout_s=200 probe.budget_s=120 ;;
 *) echo "unknown call $CALL"; exit 2 ;;
 esac
 cat "$OUTDIR"/lane*.txt 2>/dev/null
