@@ -1,4 +1,4 @@
-"""Per-rank peak memory vs N: a fitted a·N² + b·N + c, and the max N it predicts.
+"""Per-rank peak memory vs N: a fitted a·N² + b·N + c (a, b, c >= 0), and the max N it predicts.
 
 The probe measures per-rank peak memory at every N it tried. On one rank of a CP run the
 pair representation and its activations (``z: [N/cp, N, c_z]`` or ``[N/cp0, N/cp1, c_z]``)
@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -67,11 +68,19 @@ class MemoryFit:
                 f"({self.form}, {self.n_points} points, max residual {100 * self.max_rel_residual:.1f} %)")
 
 
-def fit_peak_memory(n_tokens: Sequence[float], peak_gib: Sequence[float], cp: int) -> MemoryFit:
-    """Least-squares fit of per-rank peak memory vs N.
+_TERMS = {"a": ("N²", 2), "b": ("N", 1), "c": ("", 0)}
 
-    Three or more distinct N fit all of a, b, c; two fit a·N² + c; one fits a·N² alone (the
-    pair term dominates at benchmark sizes, so fewer points keep the quadratic growth).
+
+def fit_peak_memory(n_tokens: Sequence[float], peak_gib: Sequence[float], cp: int) -> MemoryFit:
+    """Least-squares fit of per-rank peak memory vs N with non-negative coefficients.
+
+    Memory does not shrink as N grows, so no term may be negative: among the fits of the
+    allowed term sets whose coefficients are all >= 0, the one with the smallest squared error
+    wins (ties: the one with the N² term, then the one with fewer terms). Three or more
+    distinct N may use any of a, b, c; with two or one the fit keeps the N² term (the pair term
+    dominates at benchmark sizes): a·N² + c, else a·N² + b·N, else a·N². The chunk transients of
+    the reference trunk grow with the free memory, so its probe peaks are not quadratic; an
+    unconstrained fit then bends down (a < 0) and predicts memory falling at large N.
 
     Args:
         n_tokens: the N of each point that fit.
@@ -87,21 +96,25 @@ def fit_peak_memory(n_tokens: Sequence[float], peak_gib: Sequence[float], cp: in
         raise ValueError(f"fit_peak_memory needs matching, non-empty points (got {n.size} N, {y.size} peaks)")
     distinct = np.unique(n).size
     if distinct >= 3:
-        columns, form = [n**2, n, np.ones_like(n)], "a·N²+b·N+c"
-    elif distinct == 2:
-        columns, form = [n**2, np.ones_like(n)], "a·N²+c"
+        candidates = [t for k in (3, 2, 1) for t in itertools.combinations("abc", k)]
     else:
-        columns, form = [n**2], "a·N²"
-    coef, *_ = np.linalg.lstsq(np.stack(columns, axis=1), y, rcond=None)
-    if form == "a·N²+b·N+c":
-        a, b, c = coef
-    elif form == "a·N²+c":
-        (a, c), b = coef, 0.0
-    else:
-        (a,), b, c = coef, 0.0, 0.0
+        candidates = [("a", "c"), ("a", "b"), ("a",)] if distinct == 2 else [("a",)]
+    best: tuple[float, int, int, dict[str, float]] | None = None
+    for terms in candidates:
+        design = np.stack([n ** _TERMS[t][1] for t in terms], axis=1)
+        coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+        if (coef < 0).any():
+            continue
+        sse = float(np.sum((design @ coef - y) ** 2))
+        key = (round(sse, 9), "a" not in terms, len(terms))
+        if best is None or key < best[:3]:
+            best = (*key, dict(zip(terms, (float(v) for v in coef))))
+    coefs = best[3] if best is not None else {"a": 0.0}  # only when every peak is negative
+    a, b, c = (coefs.get(t, 0.0) for t in "abc")
+    form = "+".join(f"{t}·{_TERMS[t][0]}" if _TERMS[t][0] else t for t in "abc" if t in coefs)
     fitted = a * n**2 + b * n + c
     residual = float(np.max(np.abs(fitted - y) / np.maximum(np.abs(y), 1e-12)))
-    return MemoryFit(float(a), float(b), float(c), int(cp), form, int(n.size), residual)
+    return MemoryFit(a, b, c, int(cp), form, int(n.size), residual)
 
 
 def fitting_points(probe_points: Iterable[dict]) -> tuple[list[int], list[float]]:

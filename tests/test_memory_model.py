@@ -55,3 +55,16 @@ def test_fitting_points_take_the_max_over_ranks_and_skip_failures():
     assert fitting_points(points) == ([32, 64], [1.0, 2.5])  # reserved: every fitting point has it
     points[0]["peak_reserved_gib"] = None
     assert fitting_points(points) == ([32, 64], [0.5, 1.5])  # else allocated
+
+
+def test_fit_never_bends_down_where_the_peaks_flatten():
+    """The H200 inference probe of the first campaign (cp=1, reserved GiB): chunk transients fill
+    the free memory at small N, so the peaks flatten; an unconstrained quadratic has a < 0 there
+    and predicts memory falling with N. The fit keeps every coefficient >= 0."""
+    ns, peaks = [1024, 2048, 4096, 8192, 12288], [6.5, 24.6, 101.3, 120.4, 121.1]
+    fit = fit_peak_memory(ns, peaks, cp=1)
+    assert min(fit.a, fit.b, fit.c) >= 0.0
+    assert fit.form != "a·N²+b·N+c"  # the full fit is the one with a < 0
+    grid = range(1024, 65536, 1024)
+    assert all(fit.predict_gib(m) <= fit.predict_gib(n) for m, n in zip(grid, grid[1:]))
+    assert fit.max_n(140.0) is not None and fit.max_n(140.0) >= 12288 // 2

@@ -256,3 +256,22 @@ def test_a_continued_probe_replaces_the_record_it_continued():
              (("a", early), ("b", continued), ("c", rerun), ("d", other), ("e", timing))]
     kept = [str(path) for path, _ in without_continued_probes(found)]
     assert kept == ["b", "c", "d", "e"]
+
+
+def test_a_memory_fit_without_the_pair_term_predicts_its_own_cp_only():
+    """Scaling to another cp acts on the N² term; a fit that kept only b·N + c (the flattening
+    inference probe of the first H200 campaign) must not claim the same max N at cp=2, 4, 8."""
+    from cpbench.report.memory_table import memory_tables
+
+    def probe(cp, peaks):
+        points = [{"N": n, "fits": True, "status": "ok", "peak_alloc_gib": [g]} for n, g in peaks]
+        return {"routine": "probe", "point": {"cp": cp, "workflow": "inference", "topology": "1d",
+                                              "mesh_shape": [cp], "model": {"name": "m"}},
+                "points": points, "max_n": peaks[-1][0], "first_fail_n": None, "overrides": []}
+
+    flat = probe(1, [(1024, 6.5), (2048, 24.6), (4096, 101.3), (8192, 120.4), (12288, 121.1)])
+    quad = probe(2, [(1024, 1.0 + 3e-7 * 1024**2), (2048, 1.0 + 3e-7 * 2048**2), (4096, 1.0 + 3e-7 * 4096**2)])
+    fits, predictions = memory_tables([flat, quad])
+    assert list(fits["form"]) == ["b·N+c", "a·N²+c"]
+    by_source = predictions.groupby("fit from")["cp"].apply(list).to_dict()
+    assert by_source == {"inference 1d cp=1": [1], "inference 1d cp=2": [1, 2, 4, 8]}, by_source

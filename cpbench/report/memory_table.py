@@ -58,7 +58,9 @@ def memory_tables(records: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows = []
     for src in probes:
         same_group = [p for p in probes if p["group"] == src["group"]]
-        for cp in sorted({p["cp"] for p in same_group} | set(TARGET_CPS)):
+        # only the N² (pair) term carries a fit to another cp: without it, its own cp alone
+        cps = {p["cp"] for p in same_group} | set(TARGET_CPS) if src["fit"].a > 0 else {src["cp"]}
+        for cp in sorted(cps):
             row = {"fit from": src["label"], "cp": cp}
             for size in GPU_MEMORY_SIZES_GIB:
                 row[f"{size} GiB"] = _fmt(src["fit"].max_n(size, cp=cp))

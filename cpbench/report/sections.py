@@ -186,8 +186,10 @@ def memory_section(records: list[dict], rows: pd.DataFrame) -> str:
     """Fits per probe, predicted max N at other GPU sizes and cp, beside measurements."""
     fits, predictions = memory_tables(records)
     head = ["## Memory model", "",
-            "Per-rank peak memory vs N fitted as a·N² + b·N + c (least squares) on the probe points that "
-            "fit; other cp scale the pair (N²) term by cp_fit/cp. Predicted max N is where the fitted peak "
+            "Per-rank peak memory vs N fitted as a·N² + b·N + c (least squares, no coefficient below 0: the "
+            "form column names the terms kept) on the probe points that "
+            "fit; other cp scale the pair (N²) term by cp_fit/cp, so a fit without it predicts its own cp "
+            "only. Predicted max N is where the fitted peak "
             "reaches the GPU memory; it ignores the CUDA context and fragmentation, so read it as an upper "
             "bound."]
     if fits.empty:
