@@ -19,6 +19,7 @@
 # call7: call6's probes continued from their probe_state.json (SEED=call6's OUTDIR)
 # call8, call9 (not run yet: the session's device time was spent): sampling N=2048 cp=2; the
 #   max-N probes with sampling whose first failure was a timeout, with longer point limits
+# call10 (not run yet): 2d 1x2 at N=4096, 8192 with the cuDNN attention path (sdpa_lse.py)
 # Every phase gets min(its limit, what is left of SECONDS); a phase cut short keeps what it
 # measured (result.json per finished point, probe_state.json per probe point).
 # The walltime sweeps run a one-block slice of the boltz2 trunk (model.blocks=1,
@@ -140,6 +141,10 @@ call9)  # not run yet: the max-N probes with sampling whose first failure was a 
   # cp=1 from 3072 (the depth check runs all 64 blocks there, about a minute): 6144, then 12288
   phase probe_sampling_cp1_long 250 "${SAMPLING_PROBE[@]}" probe.granularity=$(n 4096) cp=1 \
     probe.start=$(n 3072) probe.timeout_s=200 probe.budget_s=120 ;;
+call10)  # not run yet: 2d 1x2 again, with sdpa_lse's cuDNN path (result stats.attention_lse_kernel says
+  # which kernel ran); call3/call5 timed it with the memory-efficient kernel
+  phase walltime_cp2_2d_cudnn 200 "${TRUNK[@]}" "${SLICE[@]}" routine=timing cp=2 topology=2d topology.cp0=1 \
+    N=$(n 4096,8192) timing.timeout_s=150 ;;
 *) echo "unknown call $CALL"; exit 2 ;;
 esac
 cat "$OUTDIR"/lane*.txt 2>/dev/null

@@ -23,7 +23,7 @@ from torch import nn
 
 from cpbench.data.sharding import pad_features
 from cpbench.data.synthetic import MSA_KEYS, make_synthetic_features
-from cpbench.models.pairformer import comm
+from cpbench.models.pairformer import comm, sdpa_lse
 from cpbench.models.pairformer.diffusion import BOLTZ2_SIZES, DiffusionModule
 from cpbench.models.pairformer.layout import Layout, layout_from_mesh
 from cpbench.models.pairformer.padding import padding_unit
@@ -171,11 +171,15 @@ class PairformerAdapter:
             "comm_bytes_per_block": max(model.block_comm_bytes, default=0),
             "comm_bytes_step": comm.BYTES.sent_b,
         }
+        if sdpa_lse.kernel_in_use() is not None:  # CUDA, ops that merge attention pieces (2d)
+            self._stats["attention_lse_kernel"] = sdpa_lse.kernel_in_use()
 
     def stats(self) -> dict[str, Any]:
         """Measurements of the last step: ``stage_ms`` (inference: embedding, trunk, sampling
         with ``workflow.sampling``; training: forward, backward_optimizer; both: block_mean),
         ``comm_bytes_per_block`` (bytes this rank sent in one block's forward) and
-        ``comm_bytes_step`` (the whole step, backward and gradient all-reduce included)."""
+        ``comm_bytes_step`` (the whole step, backward and gradient all-reduce included); on CUDA,
+        where attention pieces were merged (2d), ``attention_lse_kernel`` (``cudnn`` or
+        ``efficient``, see ``sdpa_lse``)."""
         return dict(self._stats)
 

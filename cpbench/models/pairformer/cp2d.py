@@ -31,6 +31,7 @@ from cpbench.models.pairformer.grid import Grid, RingWalk, transpose_tiles
 from cpbench.models.pairformer.grid import agreed_chunk as grid_agreed_chunk
 from cpbench.models.pairformer.layout import ONE_D, Layout
 from cpbench.models.pairformer.padding import key_bias
+from cpbench.models.pairformer.sdpa_lse import sdpa_with_lse
 
 
 def _axis_layout(grid: Grid, along_row: bool) -> Layout:
@@ -114,30 +115,6 @@ def triangle_product_2d(left: torch.Tensor, right: torch.Tensor, layout: Layout,
 
 # ---------------------------------------------------------------------------------------------
 # Triangle attention
-
-
-_CUDA_BIAS_ALIGN = 16
-
-
-def sdpa_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fused attention that also returns the log-sum-exp of each query's logits (no autograd).
-
-    Args: ``q: [B, h, Lq, d]``, ``k, v: [B, h, Lk, d]``, ``bias: [B, h, Lq, Lk]`` (may be expanded).
-    Returns: ``o: [B, h, Lq, d]``, ``lse: [B, h, Lq]`` fp32.
-    """
-    if q.is_cuda:
-        if bias.stride(-2) % _CUDA_BIAS_ALIGN:
-            # The memory-efficient kernel needs 16-element aligned bias rows (F.sdpa pads the same
-            # way); piece widths are multiples of N/lcm(cp0, cp1), not always of 16.
-            shape, k_len = bias.shape, bias.shape[-1]
-            base = bias[:1] if bias.stride(0) == 0 else bias  # keep a batch-expanded bias expanded
-            aligned = base.new_empty((*base.shape[:-1], -(-k_len // _CUDA_BIAS_ALIGN) * _CUDA_BIAS_ALIGN))
-            bias = aligned[..., :k_len].copy_(base).expand(shape)
-        o, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True)
-        return o, lse[..., :q.shape[2]]
-    o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias)
-    return o, lse
 
 
 def _tri_bias_tile(mod, z: torch.Tensor) -> torch.Tensor:

@@ -41,7 +41,8 @@ from cpbench.models.pairformer.atom_windows import AtomWindows, atom_windows
 from cpbench.models.pairformer.conditioned import (ConditionedAttention, ConditionedTransition, NormedPairBias,
                                                    normalize_)
 from cpbench.models.pairformer.embed import N_RELPOS, InputEmbedder
-from cpbench.models.pairformer.cp2d import _axis_layout, _max_over_axis, agreed_chunk, sdpa_with_lse
+from cpbench.models.pairformer.cp2d import _axis_layout, _max_over_axis, agreed_chunk
+from cpbench.models.pairformer.sdpa_lse import sdpa_with_lse
 from cpbench.models.pairformer.layout import TWO_D, Layout
 from cpbench.models.pairformer.padding import key_bias
 from cpbench.models.pairformer.transition import Transition
