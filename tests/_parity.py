@@ -3,11 +3,14 @@ Pairformer block, and torch's own peak-memory accounting of one call on the CPU.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from cpbench.models.pairformer.block import PairformerBlock
 from cpbench.models.pairformer.comm import transpose_pair
+from cpbench.models.pairformer.layout import serial_layout
 from cpbench.models.pairformer.single_att import AttentionPairBias
 from cpbench.models.pairformer.transition import Transition
 from cpbench.models.pairformer.triatt import TriangleAttention
@@ -109,3 +112,45 @@ def msa_module_case(feats: dict, rows: slice, msa: dict, seed: int, data_seed: i
     ref = MsaModule(**msa)
     torch.manual_seed(seed)
     return z, wz, s_inputs, g, ref, MsaModule(**msa)
+
+
+@dataclass
+class OpCase:
+    """One op's parity setup on a rank: global random inputs ``z, wz: [n_max_pad, n_max_pad,
+    c_z]`` and ``s, ws: [n_max_pad, c_s]`` (loss weights ``w*``; garbage in the padding), the
+    token ``mask: [n_max_pad]`` (token 0 real, some real tokens masked, padding masked), the
+    twin modules ``ref`` (run here, serially) and ``mod`` (same weights, for the sharded run),
+    and the reference run: its inputs ``z_ref, s_ref`` (with gradients) and outputs."""
+
+    z: torch.Tensor
+    wz: torch.Tensor
+    s: torch.Tensor
+    ws: torch.Tensor
+    mask: torch.Tensor
+    ref: torch.nn.Module
+    mod: torch.nn.Module
+    z_ref: torch.Tensor
+    s_ref: torch.Tensor
+    z_out: torch.Tensor
+    s_out: torch.Tensor
+
+
+def op_case(cases: dict, name: str, seed: int, n: int, n_max_pad: int, c_s: int, c_z: int) -> OpCase:
+    """Draw the inputs of ``cases[name]`` (``block_cases``) from ``seed``, build its twin
+    modules and run the cp=1 reference forward and backward (loss ``Σ z_out·wz + Σ s_out·ws``
+    over the ``n`` real tokens)."""
+    g = torch.Generator().manual_seed(seed)
+    z, wz = torch.randn(2, n_max_pad, n_max_pad, c_z, generator=g)
+    s, ws = torch.randn(2, n_max_pad, c_s, generator=g)
+    mask = torch.rand(n_max_pad, generator=g) > 0.3
+    mask[0], mask[n:] = True, False
+    make, wrap = cases[name]
+    torch.manual_seed(seed)
+    ref = make()
+    torch.manual_seed(seed)
+    mod = make()
+    z_ref = z[:n, :n].clone().requires_grad_()
+    s_ref = s[:n].clone().requires_grad_()
+    s_out, z_out = wrap(ref)(s_ref, z_ref, mask[:n], serial_layout())
+    ((z_out * wz[:n, :n]).sum() + (s_out * ws[:n]).sum()).backward()
+    return OpCase(z, wz, s, ws, mask, ref, mod, z_ref, s_ref, z_out, s_out)

@@ -18,11 +18,11 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 from _dist import run_distributed
-from _parity import TOL, block_cases, record_trained_param_errors, record_trunk_grad_errors, rel_error
+from _parity import TOL, block_cases, op_case, record_trained_param_errors, record_trunk_grad_errors, rel_error
 from cpbench.models.pairformer import chunking, comm
 from cpbench.models.pairformer.adapter import PairformerAdapter, all_reduce_grads, trunk_loss
 from cpbench.models.pairformer.block import PairformerBlock
-from cpbench.models.pairformer.layout import layout_1d, serial_layout
+from cpbench.models.pairformer.layout import layout_1d
 
 N, N_MAX_PAD = 13, 16
 C_S, C_Z, HEADS_S, HEADS_T, HEAD_DIM, FACTOR = 16, 8, 2, 2, 4, 2
@@ -39,23 +39,11 @@ CASES = block_cases(C_S, C_Z, HEADS_S, HEADS_T, HEAD_DIM, FACTOR)
 
 
 def _check_case(name: str, seed: int, errors: dict) -> None:
-    layout, serial = layout_1d(), serial_layout()
+    layout = layout_1d()
     n_pad = -(-N // layout.size) * layout.size
-    g = torch.Generator().manual_seed(seed)
-    z, wz = torch.randn(2, N_MAX_PAD, N_MAX_PAD, C_Z, generator=g)
-    s, ws = torch.randn(2, N_MAX_PAD, C_S, generator=g)
-    mask = torch.rand(N_MAX_PAD, generator=g) > 0.3
-    mask[0], mask[N:] = True, False
-    make, wrap = CASES[name]
-    torch.manual_seed(seed)
-    ref = make()
-    torch.manual_seed(seed)
-    mod = make()
-
-    z_ref = z[:N, :N].clone().requires_grad_()
-    s_ref = s[:N].clone().requires_grad_()
-    s_out, z_out = wrap(ref)(s_ref, z_ref, mask[:N], serial)
-    ((z_out * wz[:N, :N]).sum() + (s_out * ws[:N]).sum()).backward()
+    case = op_case(CASES, name, seed, N, N_MAX_PAD, C_S, C_Z)
+    z, wz, s, ws, mask, mod, wrap = case.z, case.wz, case.s, case.ws, case.mask, case.mod, CASES[name][1]
+    s_out, z_out = case.s_out, case.z_out
 
     rows = layout.rows(n_pad)
     k = min(rows.stop, N) - rows.start  # real rows held here
@@ -69,9 +57,9 @@ def _check_case(name: str, seed: int, errors: dict) -> None:
 
     errors[f"{name}/z"] = rel_error(z_out_l[:k, :N], z_out[real])
     errors[f"{name}/s"] = rel_error(s_out_l[:k], s_out[real])
-    errors[f"{name}/grad_z"] = rel_error(z_loc.grad[:k, :N], z_ref.grad[real])
-    errors[f"{name}/grad_s"] = rel_error(s_loc.grad[:k], s_ref.grad[real])
-    for (pname, p), p_ref in zip(mod.named_parameters(), ref.parameters()):
+    errors[f"{name}/grad_z"] = rel_error(z_loc.grad[:k, :N], case.z_ref.grad[real])
+    errors[f"{name}/grad_s"] = rel_error(s_loc.grad[:k], case.s_ref.grad[real])
+    for (pname, p), p_ref in zip(mod.named_parameters(), case.ref.parameters()):
         errors[f"{name}/grad/{pname}"] = rel_error(p.grad, p_ref.grad)
 
     with torch.no_grad(), chunking.override_budget(LEAN_BUDGET_B):

@@ -18,11 +18,11 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from _dist import run_distributed
-from _parity import TOL, block_cases, record_trained_param_errors, record_trunk_grad_errors, rel_error
+from _parity import TOL, block_cases, op_case, record_trained_param_errors, record_trunk_grad_errors, rel_error
 from cpbench.models.pairformer import chunking, comm
 from cpbench.models.pairformer.adapter import PairformerAdapter, all_reduce_grads, trunk_loss
 from cpbench.models.pairformer.grid import RingWalk
-from cpbench.models.pairformer.layout import layout_from_mesh, serial_layout
+from cpbench.models.pairformer.layout import layout_from_mesh
 from cpbench.models.pairformer.trimul import triangle_product
 
 N, N_MAX_PAD = 13, 16
@@ -62,23 +62,10 @@ def _row_sum(t: torch.Tensor, layout) -> torch.Tensor:
 
 
 def _check_case(name: str, seed: int, layout, errors: dict) -> None:
-    serial = serial_layout()
     n_pad = -(-N // layout.units) * layout.units
-    g = torch.Generator().manual_seed(seed)
-    z, wz = torch.randn(2, N_MAX_PAD, N_MAX_PAD, C_Z, generator=g)
-    s, ws = torch.randn(2, N_MAX_PAD, C_S, generator=g)
-    mask = torch.rand(N_MAX_PAD, generator=g) > 0.3
-    mask[0], mask[N:] = True, False
-    make, wrap = CASES[name]
-    torch.manual_seed(seed)
-    ref = make()
-    torch.manual_seed(seed)
-    mod = make()
-
-    z_ref = z[:N, :N].clone().requires_grad_()
-    s_ref = s[:N].clone().requires_grad_()
-    s_out, z_out = wrap(ref)(s_ref, z_ref, mask[:N], serial)
-    ((z_out * wz[:N, :N]).sum() + (s_out * ws[:N]).sum()).backward()
+    case = op_case(CASES, name, seed, N, N_MAX_PAD, C_S, C_Z)
+    z, wz, s, ws, mask, mod, wrap = case.z, case.wz, case.s, case.ws, case.mask, case.mod, CASES[name][1]
+    s_out, z_out = case.s_out, case.z_out
 
     rows, cols, rr, rc = _tile(layout, n_pad)
     kr, kc = rr.stop - rr.start, rc.stop - rc.start
@@ -92,9 +79,9 @@ def _check_case(name: str, seed: int, layout, errors: dict) -> None:
 
     errors[f"{name}/z"] = rel_error(z_out_l[:kr, :kc], z_out[rr, rc])
     errors[f"{name}/s"] = rel_error(s_out_l[:kr], s_out[rr])
-    errors[f"{name}/grad_z"] = rel_error(z_loc.grad[:kr, :kc], z_ref.grad[rr, rc])
-    errors[f"{name}/grad_s"] = rel_error(_row_sum(s_loc.grad, layout)[:kr], s_ref.grad[rr])
-    for (pname, p), p_ref in zip(mod.named_parameters(), ref.parameters()):
+    errors[f"{name}/grad_z"] = rel_error(z_loc.grad[:kr, :kc], case.z_ref.grad[rr, rc])
+    errors[f"{name}/grad_s"] = rel_error(_row_sum(s_loc.grad, layout)[:kr], case.s_ref.grad[rr])
+    for (pname, p), p_ref in zip(mod.named_parameters(), case.ref.parameters()):
         errors[f"{name}/grad/{pname}"] = rel_error(p.grad, p_ref.grad)
 
     with torch.no_grad(), chunking.override_budget(LEAN_BUDGET_B):
