@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cpbench import results
 from cpbench.config import ConfigError, Point, cpu_default_model, local_gpu_count, resolve_point, signature_config
-from cpbench.runner import Runner, Slots, SupervisorGroup, discover_slots, worker_alloc_conf
+from cpbench.runner import Runner, Slots, SupervisorGroup, discover_slots, point_record
 
 log = logging.getLogger("cpbench")
 
@@ -152,8 +152,7 @@ def _finish(cfg: DictConfig, point: Point | None, status: str, message: str, fie
         "schema": results.SCHEMA_VERSION,
         "signature": signature,
         "code": results.code_version(),
-        "point": point.record() | {"memory_limit_gib": point.memory_limit_gib,
-                                   "cuda_alloc_conf": worker_alloc_conf(point)} if point else None,
+        "point": point_record(point) if point else None,
         "routine": point.routine if point else cfg.get("routine"),
         "status": status,
         "message": message,

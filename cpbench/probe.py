@@ -24,7 +24,7 @@ from cpbench.config import Point
 from cpbench.memory import MEASURE_CPU, MEASURE_CUDA
 from cpbench.models.api import load_adapter, supports_run_blocks
 from cpbench.results import read_json, write_json_atomic
-from cpbench.runner import PointRun, Runner
+from cpbench.runner import PointRun, Runner, point_record
 
 log = logging.getLogger("cpbench")
 
@@ -79,7 +79,7 @@ class Probe:
             "signature": self.signature, "depth": self.depth, "depth_verified": self.depth_verified,
             "depth_checked": self.depth_checked, "points": self.ordered_points(),
             # what a report needs of a probe stopped before its result.json (results.incomplete_probe)
-            "point": self.point.record() | {"memory_limit_gib": self.point.memory_limit_gib}})
+            "point": point_record(self.point)})
 
     def ordered_points(self) -> list[dict]:
         return sorted(self.points.values(), key=lambda p: p["order"])

@@ -311,6 +311,12 @@ class Runner:
                 "peak_reserved_gib": None, "exit_code": code, "progress": progress}
 
 
+def point_record(point: Point) -> dict:
+    """The point as ``result.json`` and ``probe_state.json`` record it: its resolved fields plus
+    the per-rank memory cap and the PYTORCH_CUDA_ALLOC_CONF its workers ran with."""
+    return point.record() | {"memory_limit_gib": point.memory_limit_gib, "cuda_alloc_conf": worker_alloc_conf(point)}
+
+
 def worker_alloc_conf(point: Point) -> str | None:
     """The workers' PYTORCH_CUDA_ALLOC_CONF: an exported one is the user's choice and wins,
     else ``memory.cuda_alloc_conf`` (None: unset)."""
