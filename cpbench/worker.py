@@ -24,6 +24,8 @@ import time
 import traceback
 from pathlib import Path
 
+from cpbench.results import write_json_atomic
+
 
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
@@ -100,8 +102,8 @@ def run_rank(spec: dict, rank: int, device_index: int, outcome: dict) -> None:
         elapsed_ms = (time.perf_counter() - t0) * 1e3
         _barrier(device)
         (warmup_ms if i < spec["warmup"] else times_ms).append(elapsed_ms)
-        _write_json(Path(spec["work_dir"]) / f"rank{rank}.progress.json",
-                    {"warmup_ms": warmup_ms, "times_ms": times_ms, "stats": adapter_stats(adapter)})
+        write_json_atomic(Path(spec["work_dir"]) / f"rank{rank}.progress.json",
+                          {"warmup_ms": warmup_ms, "times_ms": times_ms, "stats": adapter_stats(adapter)})
         if profiling:
             prof.__exit__(None, None, None)
             prof.export_chrome_trace(spec["profile_path"].format(rank=rank))
@@ -110,13 +112,6 @@ def run_rank(spec: dict, rank: int, device_index: int, outcome: dict) -> None:
     outcome["loss"] = float(loss.detach().float().item()) if isinstance(loss, torch.Tensor) else None
     outcome["stats"] = adapter_stats(adapter)
     outcome["status"], outcome["message"] = "ok", ""
-
-
-def _write_json(path: Path, data: dict) -> None:
-    """Atomically (the runner may read it at any moment)."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, default=str))
-    os.replace(tmp, path)
 
 
 def die_with_parent() -> None:
@@ -153,7 +148,7 @@ def main(argv: list[str]) -> None:
         exit_code = 1
     outcome["seconds"] = time.time() - started
     outcome["finished_at"] = time.time()
-    _write_json(Path(spec["work_dir"]) / f"rank{rank}.json", outcome)
+    write_json_atomic(Path(spec["work_dir"]) / f"rank{rank}.json", outcome)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(exit_code)  # never run teardown: a dead peer's process group can hang it
