@@ -121,13 +121,12 @@ def without_continued_probes(found: list[tuple[Path, dict]]) -> list[tuple[Path,
     def measured(record: dict) -> dict:
         return {p["N"]: (p.get("status"), json.dumps(p.get("peak_alloc_gib"))) for p in record.get("points") or []}
 
-    probes = [(i, rec) for i, (_, rec) in enumerate(found) if rec.get("routine") == "probe" and rec.get("signature")]
+    probes = [(i, rec["signature"], measured(rec)) for i, (_, rec) in enumerate(found)
+              if rec.get("routine") == "probe" and rec.get("signature")]
     dropped = set()
-    for i, rec in probes:
-        mine = measured(rec)
-        for j, other in probes:
-            theirs = measured(other)
-            if (j != i and j not in dropped and other["signature"] == rec["signature"] and len(theirs) > len(mine)
+    for i, signature, mine in probes:
+        for j, other_signature, theirs in probes:
+            if (j != i and j not in dropped and other_signature == signature and len(theirs) > len(mine)
                     and all(theirs.get(n) == m for n, m in mine.items())):
                 dropped.add(i)
                 break

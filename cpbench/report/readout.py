@@ -29,11 +29,12 @@ def max_n_sentences(rows: pd.DataFrame, baseline_max_n: int | None) -> list[str]
     if fits.empty:
         return ["No probe found a max N in these results."]
     with_model = fits["model"].nunique() > 1
-    out = []
+    out, any_lower = [], False
     for (model, workflow, topology), grp in fits.groupby(["model", "workflow", "topology"], sort=True):
         best = best_fit_per_cp(grp)
         by_cp = dict(zip(best["cp"].astype(int), best["N_tokens"].astype(int)))
         lower = set(best.loc[is_lower_bound(best), "cp"].astype(int))
+        any_lower = any_lower or bool(lower)
         parts = []
         for cp, max_n in by_cp.items():
             text = f"{'≥ ' if cp in lower else ''}{_n(max_n)} at cp={cp}"
@@ -47,7 +48,7 @@ def max_n_sentences(rows: pd.DataFrame, baseline_max_n: int | None) -> list[str]
             ratios = ", ".join(f"{by_cp[cp] / baseline_max_n:.2f}× at cp={cp}" for cp in by_cp)
             sentence += f"; against the user-supplied single-GPU baseline of {_n(baseline_max_n)}: {ratios}"
         out.append(sentence + ".")
-    if any("≥ " in sentence for sentence in out):
+    if any_lower:
         out.append("≥ marks a lower bound: that probe was stopped early, or no N ran out of memory "
                    "(nothing failed, or the first failure was a timeout or an error).")
     return out
