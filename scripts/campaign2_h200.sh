@@ -61,6 +61,11 @@ SAMPLING=(workflow=inference routine=timing)  # boltz2 defaults: 3 recycles, 200
 SAMPLING_PROBE=(workflow=inference workflow.sampling_steps=2 workflow.recycles=0 routine=probe
                 probe.depth=1 probe.growth=2 probe.start=$(n 2048))
 TRAIN_PROBE=(workflow=training routine=probe probe.timeout_s=300)
+# call6's max-N probes with sampling at cp=2; call7 continues them, which needs the same overrides
+CP2_SAMPLING_PROBE_1D=("${SAMPLING_PROBE[@]}" probe.granularity=$(n 8192) cp=2 topology=1d probe.timeout_s=100
+                       probe.budget_s=60)
+CP2_SAMPLING_PROBE_2D=("${SAMPLING_PROBE[@]}" probe.granularity=$(n 8192) cp=2 topology=2d topology.cp0=1
+                       probe.timeout_s=100 probe.budget_s=60)
 
 # queue "NAME|LIMIT_S|overrides" ...: run each job no other lane has claimed (mkdir is atomic)
 queue() {
@@ -121,17 +126,15 @@ call5)  # 2d 1x2 at N=8192 (call3's 70 s phase was too short), then the cp=2 tra
     probe.timeout_s=420 ;;
 call6)  # sampling at cp=2: the timing at N=1024, then the max-N probes with sampling, 1d and 2d (1x2)
   phase sampling_cp2_n1024 280 "${SAMPLING[@]}" cp=2 topology=1d N=$(n 1024) timing.timeout_s=260
-  phase probe_sampling_cp2_1d 140 "${SAMPLING_PROBE[@]}" probe.granularity=$(n 8192) cp=2 topology=1d probe.timeout_s=100 probe.budget_s=60
-  phase probe_sampling_cp2_2d 140 "${SAMPLING_PROBE[@]}" probe.granularity=$(n 8192) cp=2 topology=2d topology.cp0=1 probe.timeout_s=100 \
-    probe.budget_s=60 ;;
+  phase probe_sampling_cp2_1d 140 "${CP2_SAMPLING_PROBE_1D[@]}"
+  phase probe_sampling_cp2_2d 140 "${CP2_SAMPLING_PROBE_2D[@]}" ;;
 call7)  # the device time left after call6: its two sampling probes continue from their probe_state.json
   # (SEED=call6's OUTDIR; same overrides, so the same signature: no new depth check, known points kept)
   for p in probe_sampling_cp2_2d probe_sampling_cp2_1d; do
     mkdir -p "$OUTDIR/$p/0" && cp "${SEED:?call6 OUTDIR}/$p/0/probe_state.json" "$OUTDIR/$p/0/"
   done
-  phase probe_sampling_cp2_2d 190 "${SAMPLING_PROBE[@]}" probe.granularity=$(n 8192) cp=2 topology=2d topology.cp0=1 probe.timeout_s=100 \
-    probe.budget_s=60
-  phase probe_sampling_cp2_1d 170 "${SAMPLING_PROBE[@]}" probe.granularity=$(n 8192) cp=2 topology=1d probe.timeout_s=100 probe.budget_s=60 ;;
+  phase probe_sampling_cp2_2d 190 "${CP2_SAMPLING_PROBE_2D[@]}"
+  phase probe_sampling_cp2_1d 170 "${CP2_SAMPLING_PROBE_1D[@]}" ;;
 call8)  # not run yet: sampling at N=2048, cp=2 (about 65 s per step by the N=1024 stage times: the whole call)
   phase sampling_cp2_n2048 590 "${SAMPLING[@]}" cp=2 topology=1d N=$(n 2048) timing.timeout_s=575 ;;
 call9)  # not run yet: the max-N probes with sampling whose first failure was a timeout (call4's cp=1
