@@ -17,9 +17,14 @@
 # call5: 2d 1x2 at N=8192; the cp=2 training target (one point, N=3584)
 # call6: sampling N=1024 cp=2; the max-N probes with sampling, 1d and 2d (1x2)
 # call7: call6's probes continued from their probe_state.json (SEED=call6's OUTDIR)
-# call8, call9 (not run yet: the session's device time was spent): sampling N=2048 cp=2; the
-#   max-N probes with sampling whose first failure was a timeout, with longer point limits
-# call10 (not run yet): 2d 1x2 at N=4096, 8192 with the cuDNN attention path (sdpa_lse.py)
+# Fourth session (calls 8 to 10, in the order run: call9, call8, call10):
+# call9: the 2d (1x2) max-N probe with sampling without a probe budget and 240 s per point
+#   (call7's 16384 timed out at 100 s); then 2d 1x2 at N=8192 with the cuDNN attention path
+#   (sdpa_lse.py; result stats.attention_lse_kernel says which kernel ran)
+# call8: sampling N=2048 cp=2 (about 65 s per step by the N=1024 stage times: the whole call)
+# call10, two single-GPU lanes: GPU0 the cp=1 max-N probe with sampling from 3072 with 300 s per
+#   point (call4's 16384 timed out at 150 s) | GPU1 sampling N=2048 cp=1: 8 steps do not fit a
+#   call; the timing timeout keeps the steps it finished (result "partial")
 # Every phase gets min(its limit, what is left of SECONDS); a phase cut short keeps what it
 # measured (result.json per finished point, probe_state.json per probe point).
 # The walltime sweeps run a one-block slice of the boltz2 trunk (model.blocks=1,
@@ -50,7 +55,8 @@ phase() {
   echo "$(date +%T) start $name (limit ${limit}s)"
   timeout "$limit" python3 -m cpbench -m "${MODEL[@]}" "$@" \
     hydra.sweep.dir="$OUTDIR/$name" report.out="$OUTDIR/$name/report.md" > "$OUTDIR/$name.log" 2>&1
-  echo "$(date +%T) end $name rc=$?"
+  local rc=$?
+  echo "$(date +%T) end $name rc=$rc"
 }
 
 TRUNK=(workflow=inference workflow.recycles=0 workflow.sampling=false)
@@ -135,19 +141,24 @@ call7)  # the device time left after call6: its two sampling probes continue fro
   done
   phase probe_sampling_cp2_2d 190 "${CP2_SAMPLING_PROBE_2D[@]}"
   phase probe_sampling_cp2_1d 170 "${CP2_SAMPLING_PROBE_1D[@]}" ;;
-call8)  # not run yet: sampling at N=2048, cp=2 (about 65 s per step by the N=1024 stage times: the whole call)
-  phase sampling_cp2_n2048 590 "${SAMPLING[@]}" cp=2 topology=1d N=$(n 2048) timing.timeout_s=575 ;;
-call9)  # not run yet: the max-N probes with sampling whose first failure was a timeout (call4's cp=1
-  # at 16384 after 150 s, call7's 2d at 16384 after 100 s), again with longer point limits
+call8)  # sampling at N=2048, cp=2
+  phase sampling_cp2_n2048 590 "${SAMPLING[@]}" cp=2 topology=1d N=$(n 2048) timing.timeout_s=560 ;;
+call9)  # the 2d max-N probe with sampling (no probe.budget_s: call6's budget of 60 s would stop it before
+  # 16384), then the 2d slice at N=8192 with the cuDNN path (call5 timed it with the memory-efficient kernel)
   phase probe_sampling_cp2_2d_long 330 "${SAMPLING_PROBE[@]}" probe.granularity=$(n 8192) cp=2 topology=2d \
-    topology.cp0=1 probe.timeout_s=240 probe.budget_s=60
-  # cp=1 from 3072 (the depth check runs all 64 blocks there, about a minute): 6144, then 12288
-  phase probe_sampling_cp1_long 250 "${SAMPLING_PROBE[@]}" probe.granularity=$(n 4096) cp=1 \
-    probe.start=$(n 3072) probe.timeout_s=200 probe.budget_s=120 ;;
-call10)  # not run yet: 2d 1x2 again, with sdpa_lse's cuDNN path (result stats.attention_lse_kernel says
-  # which kernel ran); call3/call5 timed it with the memory-efficient kernel
-  phase walltime_cp2_2d_cudnn 200 "${TRUNK[@]}" "${SLICE[@]}" routine=timing cp=2 topology=2d topology.cp0=1 \
-    N=$(n 4096,8192) timing.timeout_s=150 ;;
+    topology.cp0=1 probe.timeout_s=240
+  phase walltime_cp2_2d_cudnn 130 "${TRUNK[@]}" "${SLICE[@]}" routine=timing cp=2 topology=2d topology.cp0=1 \
+    N=$(n 8192) timing.timeout_s=120 ;;
+call10)  # two single-GPU lanes for the whole call
+  ( export CUDA_VISIBLE_DEVICES=0
+    # from 3072 (the depth check runs all 64 blocks there, about a minute): 6144, 12288, ...
+    phase probe_sampling_cp1_long 560 "${SAMPLING_PROBE[@]}" probe.granularity=$(n 4096) cp=1 \
+      probe.start=$(n 3072) probe.timeout_s=300
+  ) > "$OUTDIR/lane0.txt" 2>&1 &
+  ( export CUDA_VISIBLE_DEVICES=1
+    phase sampling_cp1_n2048 560 "${SAMPLING[@]}" cp=1 N=$(n 2048) timing.timeout_s=520
+  ) > "$OUTDIR/lane1.txt" 2>&1 &
+  wait ;;
 *) echo "unknown call $CALL"; exit 2 ;;
 esac
 cat "$OUTDIR"/lane*.txt 2>/dev/null
