@@ -152,11 +152,11 @@ call9)  # the 2d max-N probe with sampling (no probe.budget_s: call6's budget of
 call10)  # two single-GPU lanes for the whole call
   ( export CUDA_VISIBLE_DEVICES=0
     # from 3072 (the depth check runs all 64 blocks there, about a minute): 6144, 12288, ...
-    phase probe_sampling_cp1_long 560 "${SAMPLING_PROBE[@]}" probe.granularity=$(n 4096) cp=1 \
+    phase probe_sampling_cp1_long 575 "${SAMPLING_PROBE[@]}" probe.granularity=$(n 4096) cp=1 \
       probe.start=$(n 3072) probe.timeout_s=300
   ) > "$OUTDIR/lane0.txt" 2>&1 &
   ( export CUDA_VISIBLE_DEVICES=1
-    phase sampling_cp1_n2048 560 "${SAMPLING[@]}" cp=1 N=$(n 2048) timing.timeout_s=520
+    phase sampling_cp1_n2048 575 "${SAMPLING[@]}" cp=1 N=$(n 2048) timing.timeout_s=555
   ) > "$OUTDIR/lane1.txt" 2>&1 &
   wait ;;
 *) echo "unknown call $CALL"; exit 2 ;;
