@@ -25,6 +25,7 @@
 # call10, two single-GPU lanes: GPU0 the cp=1 max-N probe with sampling from 3072 with 300 s per
 #   point (call4's 16384 timed out at 150 s) | GPU1 sampling N=2048 cp=1: 8 steps do not fit a
 #   call; the timing timeout keeps the steps it finished (result "partial")
+# call11: the device time left: the 2d trunk-only max-N probe; the 2d slice at 4096 with cuDNN
 # Every phase gets min(its limit, what is left of SECONDS); a phase cut short keeps what it
 # measured (result.json per finished point, probe_state.json per probe point).
 # The walltime sweeps run a one-block slice of the boltz2 trunk (model.blocks=1,
@@ -159,6 +160,12 @@ call10)  # two single-GPU lanes for the whole call
     phase sampling_cp1_n2048 575 "${SAMPLING[@]}" cp=1 N=$(n 2048) timing.timeout_s=555
   ) > "$OUTDIR/lane1.txt" 2>&1 &
   wait ;;
+call11)  # the device time left: the 2d trunk-only max-N probe (1d's is call1 of the first campaign),
+  # then the 2d slice at N=4096 with cuDNN
+  phase probe_trunk_cp2_2d 300 "${TRUNK[@]}" routine=probe probe.depth=1 probe.growth=2 probe.start=$(n 2048) \
+    probe.granularity=$(n 8192) cp=2 topology=2d topology.cp0=1 probe.timeout_s=200
+  phase walltime_cp2_2d_cudnn_n4096 80 "${TRUNK[@]}" "${SLICE[@]}" routine=timing cp=2 topology=2d topology.cp0=1 \
+    N=$(n 4096) timing.timeout_s=70 ;;
 *) echo "unknown call $CALL"; exit 2 ;;
 esac
 cat "$OUTDIR"/lane*.txt 2>/dev/null
