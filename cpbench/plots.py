@@ -39,11 +39,30 @@ def _series_label(keys: tuple, with_model: bool) -> str:
     return " ".join(([str(model)] if with_model else []) + [str(k) for k in rest])
 
 
+TIMING_POINT = ["model", "workflow", "CP config", "N_tokens"]
+
+
 def _ok_timing(rows: pd.DataFrame) -> pd.DataFrame:
     if rows.empty:
         return rows
-    sel = (rows["row"] == "timing") & (rows["status"] == "ok") & rows["walltime (ms)"].notna()
-    return rows[sel]
+    return rows[(rows["row"] == "timing") & (rows["status"] == "ok") & rows["walltime (ms)"].notna()]
+
+
+def latest_ok_timing(rows: pd.DataFrame) -> pd.DataFrame:
+    """The ok timing rows, the latest (by ``date``) of each point (model, workflow, CP config,
+    N) measured more than once: a rerun after a code change replaces the older figure in the
+    plots and the readout, instead of being averaged with it (the table keeps every row)."""
+    ok = _ok_timing(rows)
+    if "date" not in ok:
+        return ok
+    order = ok.assign(_date=ok["date"].fillna("")).sort_values("_date", kind="stable")
+    return order.drop_duplicates(TIMING_POINT, keep="last").drop(columns="_date").sort_index()
+
+
+def repeated_timing_points(rows: pd.DataFrame) -> int:
+    """How many timing points have more than one ok row (``latest_ok_timing`` keeps one of each)."""
+    ok = _ok_timing(rows)
+    return 0 if ok.empty else int((ok.groupby(TIMING_POINT).size() > 1).sum())
 
 
 def _finish(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> None:
@@ -90,7 +109,7 @@ def plot_max_n(rows: pd.DataFrame, path: Path) -> str | None:
 
 def plot_walltime(rows: pd.DataFrame, path: Path) -> str | None:
     """Median walltime vs N (log-log) per (model, workflow, CP config), fitted exponent in the legend."""
-    ok = _ok_timing(rows)
+    ok = latest_ok_timing(rows)
     groups = [(k, g) for k, g in ok.groupby(["model", "workflow", "CP config"], sort=True)
               if g["N_tokens"].nunique() >= 2] if not ok.empty else []
     if not groups:
@@ -111,7 +130,7 @@ def plot_walltime(rows: pd.DataFrame, path: Path) -> str | None:
 def memory_points(rows: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
     """Every (N, per-rank peak) measured where the step fit: ok timing rows and fitting probe points."""
     frames = []
-    ok = _ok_timing(rows)
+    ok = latest_ok_timing(rows)
     if not ok.empty:
         frames.append(ok[["model", "workflow", "CP config", "cp", "N_tokens", "peak_mem (GiB)"]]
                       .rename(columns={"N_tokens": "N", "peak_mem (GiB)": "peak_gib"}))
@@ -147,7 +166,7 @@ def plot_memory(rows: pd.DataFrame, points: pd.DataFrame, path: Path) -> str | N
 
 def plot_comm_share(rows: pd.DataFrame, path: Path) -> str | None:
     """Communication share of the step per CP config (mean over the N measured)."""
-    ok = _ok_timing(rows)
+    ok = latest_ok_timing(rows)
     if ok.empty or "comm share" not in ok or ok["comm share"].notna().sum() == 0:
         return "no result carries a measured communication time (adapter stats)"
     share = ok[ok["comm share"].notna()].groupby(["workflow", "CP config"], sort=True)["comm share"].mean()

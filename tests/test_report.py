@@ -235,6 +235,55 @@ def test_walltime_readout_says_slower_when_cp_costs_time():
     assert "2d 1x2 cp=2 500.0 ms (1.25× slower than cp=1)" in text, text
 
 
+def test_a_rerun_timing_point_replaces_the_older_one_instead_of_averaging_with_it():
+    """The 2d 1x2 slice at N=8192 was timed twice on the H200 (7978.7 ms, then 4477.9 ms after
+    the attention kernel changed): the readout must read the latest, not their mean."""
+    from cpbench.report.readout import walltime_sentences
+
+    rows = pd.DataFrame([
+        {"row": "timing", "status": "ok", "model": "m", "workflow": "inference", "cp": cp, "CP config": cfg,
+         "N_tokens": 8192, "walltime (ms)": ms, "date": date}
+        for cp, cfg, ms, date in ((1, "1d cp=1", 7557.9, "2026-11-30T12:00:00+00:00"),
+                                  (2, "2d 1x2 cp=2", 4477.9, "2026-11-30T19:27:53+00:00"),
+                                  (2, "2d 1x2 cp=2", 7978.7, "2026-11-30T17:10:00+00:00"))])
+    text = " ".join(walltime_sentences(rows))
+    assert "2d 1x2 cp=2 4477.9 ms (1.69× faster than cp=1)" in text, text
+    assert "1 timing point was measured more than once" in text, text
+
+
+def test_a_topology_without_a_cp1_probe_is_compared_against_another_topologys_cp1():
+    from cpbench.report.readout import max_n_sentences
+
+    rows = pd.DataFrame([
+        {"row": "max-fit", "model": "m", "workflow": "inference", "topology": topo, "cp": cp, "N_tokens": n,
+         "status": "ok", "first_fail_status": "oom"}
+        for topo, cp, n in (("1d", 1, 12288), ("1d", 2, 16384), ("2d", 2, 16384))])
+    one_d, two_d = max_n_sentences(rows, None)
+    assert "16,384 at cp=2 (1.33× cp=1; ideal" in one_d, one_d
+    assert "16,384 at cp=2 (1.33× cp=1 = 12,288 from the 1d probe; ideal" in two_d, two_d
+
+
+def test_memory_predictions_are_set_beside_the_largest_measured_max_n_of_the_group():
+    """A probe cut by a timeout (8192, a lower bound) and its rerun (16384, bounded by an oom):
+    both fits are named by their N range and both compare against 16384."""
+    from cpbench.report.memory_table import memory_tables
+
+    def probe(peaks, max_n, fail_n):
+        points = [{"N": n, "fits": True, "status": "ok", "peak_alloc_gib": [g]} for n, g in peaks]
+        return {"routine": "probe", "point": {"cp": 2, "workflow": "inference", "topology": "2d",
+                                              "mesh_shape": [1, 2], "model": {"name": "m"},
+                                              "memory_limit_gib": 140.0},
+                "points": points, "max_n": max_n, "first_fail_n": fail_n, "overrides": []}
+
+    short = probe([(2048, 9.5), (4096, 35.5), (8192, 67.8)], 8192, 16384)
+    rerun = probe([(2048, 9.5), (4096, 35.5), (8192, 67.8), (16384, 84.9)], 16384, 24576)
+    _, predictions = memory_tables([short, rerun])
+    at_cp2 = predictions[predictions["cp"] == 2]
+    assert set(at_cp2["fit from"]) == {"inference 2d 1x2 cp=2, N 2,048–8,192",
+                                       "inference 2d 1x2 cp=2, N 2,048–16,384"}, at_cp2
+    assert set(at_cp2["measured"]) == {"16384 (fails 24576)"}, at_cp2
+
+
 def _probe_record(signature: str, points: list[tuple[int, str, float | None]]) -> dict:
     return {"routine": "probe", "signature": signature,
             "points": [{"N": n, "status": status, "fits": status == "ok", "peak_alloc_gib": [peak]}
@@ -274,4 +323,5 @@ def test_a_memory_fit_without_the_pair_term_predicts_its_own_cp_only():
     fits, predictions = memory_tables([flat, quad])
     assert list(fits["form"]) == ["b·N+c", "a·N²+c"]
     by_source = predictions.groupby("fit from")["cp"].apply(list).to_dict()
-    assert by_source == {"inference 1d cp=1": [1], "inference 1d cp=2": [1, 2, 4, 8]}, by_source
+    assert by_source == {"inference 1d cp=1, N 1,024–12,288": [1],
+                         "inference 1d cp=2, N 1,024–4,096": [1, 2, 4, 8]}, by_source

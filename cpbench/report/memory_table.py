@@ -40,7 +40,10 @@ def probe_fits(records: list[dict]) -> list[dict]:
         out.append({
             "group": (model_label(rec), workflow_label(point), point.get("topology"),
                       point.get("dtype"), point.get("S")),
-            "label": f"{workflow_label(point)} {cp_config_label(point)}", "cp": int(point.get("cp") or 1),
+            # the N range tells apart two probes of the same configuration (a rerun, a longer limit)
+            "label": f"{workflow_label(point)} {cp_config_label(point)}, N {ns[0]:,}"
+                     + (f"–{ns[-1]:,}" if ns[-1] != ns[0] else ""),
+            "cp": int(point.get("cp") or 1),
             "fit": fit_peak_memory(ns, peaks, cp=int(point.get("cp") or 1)),
             "cap_gib": capacity_gib(rec), "max_n": rec.get("max_n"), "first_fail_n": rec.get("first_fail_n"),
         })
@@ -70,11 +73,15 @@ def memory_tables(records: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def _beside_measured(fit: MemoryFit, cp: int, measured: list[dict]) -> dict[str, str]:
-    """Prediction at the cap the measurement ran under, the measured max N, the relative error."""
+    """Prediction at the cap the measurement ran under, the measured max N, the relative error.
+
+    Of several probes of the same group and cp, the largest max N is the measurement (as in the
+    readout: a probe stopped early, or cut by a timeout, only bounds it from below)."""
     cells = {"cap (GiB)": "—", "predicted": "—", "measured": "—", "error": "—"}
-    m = next((p for p in measured if p["cap_gib"] and p["max_n"]), None)
-    if m is None:
+    known = [p for p in measured if p["cap_gib"] and p["max_n"]]
+    if not known:
         return cells
+    m = max(known, key=lambda p: p["max_n"])
     predicted = fit.max_n(m["cap_gib"], cp=cp)
     cells.update({"cap (GiB)": f"{m['cap_gib']:g}", "predicted": _fmt(predicted),
                   "measured": f"{m['max_n']} (fails {m['first_fail_n']})" if m["first_fail_n"] else str(m["max_n"])})

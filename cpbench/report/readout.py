@@ -11,7 +11,7 @@ import math
 
 import pandas as pd
 
-from cpbench.plots import best_fit_per_cp, walltime_exponent
+from cpbench.plots import best_fit_per_cp, latest_ok_timing, repeated_timing_points, walltime_exponent
 from cpbench.results import INCOMPLETE
 
 
@@ -24,30 +24,40 @@ def _group_label(model: str, workflow: str, topology: str, with_model: bool) -> 
 
 
 def max_n_sentences(rows: pd.DataFrame, baseline_max_n: int | None) -> list[str]:
-    """One sentence per (model, workflow, topology): max N per cp, ratios to cp=1 and baseline."""
+    """One sentence per (model, workflow, topology): max N per cp, ratios to cp=1 and baseline.
+
+    cp=1 is the same computation whatever the topology: a topology without a cp=1 probe of its
+    own is compared against the cp=1 probe of another topology (the sentence names it)."""
     fits = rows[(rows["row"] == "max-fit") & rows["N_tokens"].notna()]
     if fits.empty:
         return ["No probe found a max N in these results."]
     with_model = fits["model"].nunique() > 1
     out, any_lower = [], False
-    for (model, workflow, topology), grp in fits.groupby(["model", "workflow", "topology"], sort=True):
-        best = best_fit_per_cp(grp)
-        by_cp = dict(zip(best["cp"].astype(int), best["N_tokens"].astype(int)))
-        lower = set(best.loc[is_lower_bound(best), "cp"].astype(int))
-        any_lower = any_lower or bool(lower)
-        parts = []
-        for cp, max_n in by_cp.items():
-            text = f"{'≥ ' if cp in lower else ''}{_n(max_n)} at cp={cp}"
-            if cp != 1 and 1 in by_cp:
-                text += f" ({max_n / by_cp[1]:.2f}× cp=1; ideal √{cp} = {math.sqrt(cp):.2f}×)"
-            parts.append(text)
-        sentence = f"{_group_label(model, workflow, topology, with_model).capitalize()}: max N {', '.join(parts)}"
-        if 1 not in by_cp:
-            sentence += " (no cp=1 probe in these results to compare against)"
-        if baseline_max_n:
-            ratios = ", ".join(f"{by_cp[cp] / baseline_max_n:.2f}× at cp={cp}" for cp in by_cp)
-            sentence += f"; against the user-supplied single-GPU baseline of {_n(baseline_max_n)}: {ratios}"
-        out.append(sentence + ".")
+    for (model, workflow), same_wf in fits.groupby(["model", "workflow"], sort=True):
+        cp1_any = best_fit_per_cp(same_wf[same_wf["cp"] == 1])
+        for topology, grp in same_wf.groupby("topology", sort=True):
+            best = best_fit_per_cp(grp)
+            by_cp = dict(zip(best["cp"].astype(int), best["N_tokens"].astype(int)))
+            lower = set(best.loc[is_lower_bound(best), "cp"].astype(int))
+            any_lower = any_lower or bool(lower)
+            base_n, base_note = by_cp.get(1), ""
+            if base_n is None and not cp1_any.empty:  # cp=1 from another topology's probe
+                base_n = int(cp1_any["N_tokens"].iloc[0])
+                bound = "≥ " if bool(is_lower_bound(cp1_any).iloc[0]) else ""
+                base_note = f" = {bound}{_n(base_n)} from the {cp1_any['topology'].iloc[0]} probe"
+            parts = []
+            for cp, max_n in by_cp.items():
+                text = f"{'≥ ' if cp in lower else ''}{_n(max_n)} at cp={cp}"
+                if cp != 1 and base_n:
+                    text += f" ({max_n / base_n:.2f}× cp=1{base_note}; ideal √{cp} = {math.sqrt(cp):.2f}×)"
+                parts.append(text)
+            sentence = f"{_group_label(model, workflow, topology, with_model).capitalize()}: max N {', '.join(parts)}"
+            if base_n is None:
+                sentence += " (no cp=1 probe in these results to compare against)"
+            if baseline_max_n:
+                ratios = ", ".join(f"{by_cp[cp] / baseline_max_n:.2f}× at cp={cp}" for cp in by_cp)
+                sentence += f"; against the user-supplied single-GPU baseline of {_n(baseline_max_n)}: {ratios}"
+            out.append(sentence + ".")
     if any_lower:
         out.append("≥ marks a lower bound: that probe was stopped early, or no N ran out of memory "
                    "(nothing failed, or the first failure was a timeout or an error).")
@@ -64,7 +74,7 @@ def is_lower_bound(fits: pd.DataFrame) -> pd.Series:
 def walltime_sentences(rows: pd.DataFrame) -> list[str]:
     """Per (model, workflow): the fitted walltime exponent per CP config, and the cp speedup at
     the largest N all its CP configs share."""
-    ok = rows[(rows["row"] == "timing") & (rows["status"] == "ok") & rows["walltime (ms)"].notna()]
+    ok = latest_ok_timing(rows)
     if ok.empty:
         return []
     out = []
@@ -89,6 +99,10 @@ def walltime_sentences(rows: pd.DataFrame) -> list[str]:
             t1 = base[base["N_tokens"] == n]["walltime (ms)"].median()
             ratios = [f"{cfg} {t:.1f} ms ({_speedup(t1, t)})" for (_, cfg), t in at_n.items()]
             out.append(f"At N={_n(n)} ({what}), cp=1 takes {t1:.1f} ms; " + ", ".join(ratios) + ".")
+    repeated = repeated_timing_points(rows)
+    if repeated:
+        out.append(f"{repeated} timing point{'s were' if repeated > 1 else ' was'} measured more than once; "
+                   "the readout and the plots use the latest measurement of each (the table keeps every row).")
     return out
 
 

@@ -105,7 +105,7 @@ def _row(path: Path, rec: dict, root: Path, peak_tflops_cfg: float | None) -> di
         "mesh": "x".join(map(str, point.get("mesh_shape") or [])) or None,
         "model": model_label(rec), "dtype": point.get("dtype"), "device": point.get("device"),
         "MSA_seq": point.get("S"), "CP config": cp_config_label(point),
-        "message": _first_line(rec.get("message")),
+        "message": _first_line(rec.get("message")), "date": env.get("date"),
         "result": str(path.relative_to(root)) if path.is_relative_to(root) else str(path),
     }
     if rec.get("routine") == "probe":
