@@ -113,7 +113,7 @@ def _speedup(cp1_ms: float, ms: float) -> str:
 
 def cost_sentences(rows: pd.DataFrame) -> list[str]:
     """Compute vs communication, only where communication time was measured."""
-    ok = rows[(rows["row"] == "timing") & (rows["status"] == "ok")]
+    ok = latest_ok_timing(rows)
     measured = ok[ok["comm share"].notna()] if "comm share" in ok else ok.iloc[0:0]
     if measured.empty:
         traffic = ok[ok["comm bytes/block"].notna() & (ok["cp"] > 1)] if "comm bytes/block" in ok else ok.iloc[0:0]
