@@ -70,6 +70,7 @@ class ProbeSettings:
     depth: int | None       # blocks per probe step (run_blocks); None = all blocks
     max_points: int
     budget_s: float | None = None  # no new probe point starts after this many seconds of the probe
+    depth_check_n: int | None = None  # N of the depth check; None = the first point (start)
 
 
 @dataclass(frozen=True)
@@ -315,12 +316,19 @@ def _probe_settings(probe: dict, device: str, unit: int, train: bool, model: dic
         depth = None
     else:
         depth = _int("probe.depth", depth, 1, "auto, all or a positive integer (blocks)")
+    check_n = probe.get("depth_check_n")
+    if check_n is not None:
+        check_n = round_up(_int("probe.depth_check_n", check_n, 1, "null or a positive integer (N)"), unit)
+        if check_n > round_up(start, unit):
+            raise ConfigError("probe.depth_check_n", probe.get("depth_check_n"),
+                              f"null or an N <= probe.start ({round_up(start, unit)})")
     return ProbeSettings(
         start=round_up(start, unit), growth=float(growth), granularity=round_up(gran, unit),
         timeout_s=_positive_float("probe.timeout_s", probe.get("timeout_s"), "seconds > 0"),
         depth=depth, max_points=_int("probe.max_points", probe.get("max_points"), 2, "an integer >= 2"),
         budget_s=None if probe.get("budget_s") is None
         else _positive_float("probe.budget_s", probe.get("budget_s"), "null or seconds > 0"),
+        depth_check_n=check_n,
     )
 
 

@@ -8,7 +8,9 @@ fits when every rank completed one full step (status ``ok``); any failure (``oom
 Depth (``probe.depth``): an inference step's peak does not grow with the number of blocks
 run, its time does; so when the adapter takes ``run_blocks`` the probe runs only that many
 blocks. At the first point it checks the claim: the shortened step's peak must match the
-full step's within ``DEPTH_TOLERANCE`` (else it falls back to full depth).
+full step's within ``DEPTH_TOLERANCE`` (else it falls back to full depth). ``probe.depth_check_n``
+moves the check to a smaller N than ``probe.start`` (all blocks at a large N take minutes);
+that point is measured like any other, and when it fits it is the lower end of the search.
 
 State (``probe_state.json``, written atomically after every point) holds every measured
 point; a restarted job with the same signature replays it and measures only what is new.
@@ -140,14 +142,19 @@ class Probe:
         s, unit = self.settings, self.point.padding_unit
         lo, hi = None, None
         try:
+            check_n = s.depth_check_n  # <= start (config); a bound of the search either way
+            if check_n is not None and (check_n in self.points or (self.depth is not None and not self.depth_checked)):
+                if self.fits(check_n):
+                    lo = check_n
+                else:
+                    hi = check_n
             n = s.start
-            while True:
+            while hi is None:
                 if self.fits(n):
                     lo = n
                     n = max(n + unit, -(-int(n * s.growth) // unit) * unit)
                 else:
                     hi = n
-                    break
             low = lo if lo is not None else 0
             while hi - low > s.granularity:
                 mid = (low + hi) // 2 // unit * unit

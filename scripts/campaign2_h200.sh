@@ -26,6 +26,7 @@
 #   point (call4's 16384 timed out at 150 s) | GPU1 sampling N=2048 cp=1: 8 steps do not fit a
 #   call; the timing timeout keeps the steps it finished (result "partial")
 # call11: the device time left: the 2d trunk-only max-N probe; the 2d slice at 4096 with cuDNN
+# call12 (prepared, not run): the cp=2 1d max N with sampling, bisected between 16384 and 24576
 # Every phase gets min(its limit, what is left of SECONDS); a phase cut short keeps what it
 # measured (result.json per finished point, probe_state.json per probe point).
 # The walltime sweeps run a one-block slice of the boltz2 trunk (model.blocks=1,
@@ -166,6 +167,11 @@ call11)  # the device time left: the 2d trunk-only max-N probe (1d's is call1 of
     probe.granularity=$(n 8192) cp=2 topology=2d topology.cp0=1 probe.timeout_s=200
   phase walltime_cp2_2d_cudnn_n4096 80 "${TRUNK[@]}" "${SLICE[@]}" routine=timing cp=2 topology=2d topology.cp0=1 \
     N=$(n 4096) timing.timeout_s=70 ;;
+call12)  # prepared, not run: bisect the cp=2 max N with sampling between 16384 (fits) and 24576 (oom);
+  # probe.depth_check_n keeps the all-block check at 2048 instead of at the large start
+  # (16384 again, then 20480 and the bisection: the search's bounds are points it measured itself)
+  phase probe_sampling_cp2_1d_bisect 560 "${SAMPLING_PROBE[@]}" cp=2 topology=1d probe.start=$(n 16384) \
+    probe.growth=1.25 probe.depth_check_n=$(n 2048) probe.granularity=$(n 2048) probe.timeout_s=240 ;;
 *) echo "unknown call $CALL"; exit 2 ;;
 esac
 cat "$OUTDIR"/lane*.txt 2>/dev/null

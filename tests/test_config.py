@@ -33,6 +33,8 @@ def test_2d_mesh_is_most_square_and_granularity_is_a_multiple_of_the_padding_uni
 def test_1d_padding_unit_is_cp():
     point = resolve_point(compose_cfg("device=cpu", "model=tiny", "cp=3", "probe.start=10"))
     assert point.padding_unit == 3 and point.probe.start == 12
+    point = resolve_point(compose_cfg("device=cpu", "model=tiny", "cp=3", "probe.start=12", "probe.depth_check_n=4"))
+    assert point.probe.depth_check_n == 6  # rounded up to the padding unit like every probe N
 
 
 @pytest.mark.parametrize("overrides, key", [
@@ -43,6 +45,8 @@ def test_1d_padding_unit_is_cp():
     (("routine=walltime",), "routine"),
     (("dtype=fp16",), "dtype"),
     (("probe.growth=1",), "probe.growth"),
+    (("probe.start=64", "probe.depth_check_n=128"), "probe.depth_check_n"),
+    (("probe.depth_check_n=0",), "probe.depth_check_n"),
     (("memory.limit_gib=-1",), "memory.limit_gib"),
     (("model=adapter",), "model._target_"),
     (("model=adapter", "model._target_=no_such_pkg.Adapter"), "model._target_"),

@@ -106,6 +106,33 @@ def test_probe_falls_back_to_full_depth_when_the_short_peak_differs():
     assert all(blocks is None for _, blocks in runner.calls[2:])
 
 
+def test_probe_checks_depth_at_depth_check_n_and_searches_from_there():
+    """probe.depth_check_n: the all-block step runs at a small N, not at a large probe.start;
+    that point fits, so the bisection between it and a failing start needs no ramp below start."""
+    runner = ScriptedRunner(max_fit_n=100)
+    out = Probe(probe_point(start=128, granularity=8, depth=2, depth_check_n=16), runner, None, "sig").run()
+    assert runner.calls[:3] == [(16, None), (16, 2), (128, 2)], runner.calls
+    assert [n for n, _ in runner.calls[3:]] == [72, 100, 114, 106], runner.calls  # bisection of (16, 128)
+    assert out["max_n"] == 100 and out["first_fail_n"] == 106 and out["depth_verified"] is True
+
+
+def test_restarted_probe_keeps_its_depth_check_point_as_the_lower_end(tmp_path):
+    state = tmp_path / "probe_state.json"
+    settings = dict(start=128, granularity=8, depth=2, depth_check_n=16)
+    Probe(probe_point(max_points=3, **settings), ScriptedRunner(max_fit_n=100), state, "sig").run()
+    again = ScriptedRunner(max_fit_n=100)
+    out = Probe(probe_point(**settings), again, state, "sig").run()
+    assert again.calls == [(100, 2), (114, 2), (106, 2)], again.calls  # 16, 128 and 72 replayed
+    assert out["max_n"] == 100 and out["first_fail_n"] == 106
+
+
+def test_probe_whose_depth_check_point_fails_bisects_below_it_and_skips_the_ramp():
+    runner = ScriptedRunner(max_fit_n=8)
+    out = Probe(probe_point(start=64, granularity=8, depth=2, depth_check_n=16), runner, None, "sig").run()
+    assert runner.calls == [(16, None), (16, 2), (8, None)], runner.calls  # start=64 never ran; full depth after the failed check
+    assert out["max_n"] == 8 and out["first_fail_n"] == 16 and out["depth_verified"] is False
+
+
 def test_restarted_probe_continues_from_its_saved_state(tmp_path):
     state = tmp_path / "probe_state.json"
     first = ScriptedRunner(max_fit_n=100)
