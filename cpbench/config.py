@@ -304,6 +304,7 @@ def resolve_point(cfg: DictConfig) -> Point:
 def _probe_settings(probe: dict, device: str, unit: int, train: bool, model: dict) -> ProbeSettings:
     start = probe.get("start")
     start = AUTO_PROBE_START[device] if start == "auto" else _int("probe.start", start, 1, "auto or a positive integer")
+    start = round_up(start, unit)  # every N the probe tries is a multiple of the padding unit
     gran = probe.get("granularity")
     gran = AUTO_GRANULARITY[device] if gran == "auto" else _int("probe.granularity", gran, 1, "auto or a positive integer")
     growth = probe.get("growth")
@@ -319,11 +320,10 @@ def _probe_settings(probe: dict, device: str, unit: int, train: bool, model: dic
     check_n = probe.get("depth_check_n")
     if check_n is not None:
         check_n = round_up(_int("probe.depth_check_n", check_n, 1, "null or a positive integer (N)"), unit)
-        if check_n > round_up(start, unit):
-            raise ConfigError("probe.depth_check_n", probe.get("depth_check_n"),
-                              f"null or an N <= probe.start ({round_up(start, unit)})")
+        if check_n > start:
+            raise ConfigError("probe.depth_check_n", probe.get("depth_check_n"), f"null or an N <= probe.start ({start})")
     return ProbeSettings(
-        start=round_up(start, unit), growth=float(growth), granularity=round_up(gran, unit),
+        start=start, growth=float(growth), granularity=round_up(gran, unit),
         timeout_s=_positive_float("probe.timeout_s", probe.get("timeout_s"), "seconds > 0"),
         depth=depth, max_points=_int("probe.max_points", probe.get("max_points"), 2, "an integer >= 2"),
         budget_s=None if probe.get("budget_s") is None
