@@ -22,6 +22,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from cpbench.data.real import resolve_input_sizes
+from cpbench.models.api import AdapterError, import_target
+
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 # Config groups whose option is a file under conf/<group>/; checked before Hydra composes so
 # that an unknown option is one line, not Hydra's multi-line composition error.
@@ -334,10 +337,8 @@ def _probe_settings(probe: dict, device: str, unit: int, train: bool, model: dic
 
 def _check_importable(target: str) -> None:
     """A misspelt adapter fails here, once, rather than in every worker of every point."""
-    from cpbench.models.api import AdapterError, _import_target
-
     try:
-        _import_target(target)
+        import_target(target)
     except AdapterError as exc:
         raise ConfigError("model._target_", target, str(exc).split(": ", 1)[-1]) from None
 
@@ -363,13 +364,6 @@ def cpu_default_model(cfg: DictConfig, model_choice: str | None, overrides: list
 
 def _real_input_sizes(dataset: dict) -> tuple[str, int, int, int]:
     """(name, N, N_atoms, S) of a real input, through the data package's reader."""
-    try:
-        from cpbench.data import resolve_input_sizes  # type: ignore[attr-defined]
-    except ImportError:
-        try:
-            from cpbench.data.real import resolve_input_sizes  # type: ignore[no-redef]
-        except ImportError:
-            raise ConfigError("dataset", "real", "real inputs are not available in this version") from None
     try:
         sizes = resolve_input_sizes(dataset)
     except (ValueError, OSError) as exc:

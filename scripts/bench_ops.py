@@ -2,7 +2,7 @@
 
 Where does a block's time go? Each op of ``PairformerBlock`` runs alone on a random pair
 tensor, timed with CUDA events (median of repeats), next to its analytic FLOPs from
-``cpbench.flops`` when available. Used for ``docs/perf_notes.md``.
+``cpbench.models.pairformer.flops`` when available. Used for ``docs/perf_notes.md``.
 
     python scripts/bench_ops.py --N 2048 4096 --out ops.json
 """
@@ -15,8 +15,8 @@ import statistics
 
 import torch
 
-from cpbench.models.pairformer.block import PairformerBlock
-from cpbench.models.pairformer.layout import serial_layout
+from cpbench.models.pairformer.modules.block import PairformerBlock
+from cpbench.models.pairformer.parallel.layout import serial_layout
 
 
 def time_ms(fn, warmup: int, repeats: int) -> float:
@@ -59,7 +59,7 @@ def bench(n_tokens: int, warmup: int, repeats: int, sizes: dict) -> dict:
             out[f"{name}_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
             z.normal_()  # in-place ops drift z; keep it O(1)
     try:
-        from cpbench.flops import PairformerSizes, block_flops  # noqa: PLC0415
+        from cpbench.models.pairformer.flops import PairformerSizes, block_flops  # noqa: PLC0415
 
         flops = block_flops(n_tokens, PairformerSizes(**sizes))
         out["block_tflop"] = flops["block"] / 1e12

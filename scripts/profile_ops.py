@@ -10,8 +10,8 @@ import argparse
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from cpbench.models.pairformer.block import PairformerBlock
-from cpbench.models.pairformer.layout import serial_layout
+from cpbench.models.pairformer.modules.block import PairformerBlock
+from cpbench.models.pairformer.parallel.layout import serial_layout
 
 
 def main() -> None:

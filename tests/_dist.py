@@ -31,7 +31,7 @@ def _worker(fn: Callable, rank: int, world_size: int, port: int, results: Any, a
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
         results.put((rank, "ok", fn(rank, world_size, *args)))
-    except BaseException:  # report every failure to the parent, which raises it
+    except BaseException:  # noqa: BLE001 - report every failure to the parent, which raises it
         results.put((rank, "error", traceback.format_exc()))
     finally:
         if dist.is_initialized():

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from cpbench.models.pairformer.block import PairformerBlock
-from cpbench.models.pairformer.comm import transpose_pair
-from cpbench.models.pairformer.layout import serial_layout
-from cpbench.models.pairformer.single_att import AttentionPairBias
-from cpbench.models.pairformer.transition import Transition
-from cpbench.models.pairformer.triatt import TriangleAttention
-from cpbench.models.pairformer.trimul import TriangleMultiplication
+from cpbench.models.pairformer.layers.single_att import AttentionPairBias
+from cpbench.models.pairformer.layers.transition import Transition
+from cpbench.models.pairformer.layers.triatt import TriangleAttention
+from cpbench.models.pairformer.layers.trimul import TriangleMultiplication
+from cpbench.models.pairformer.modules.block import PairformerBlock
+from cpbench.models.pairformer.parallel.layout import serial_layout
+from cpbench.models.pairformer.parallel.transpose import transpose_pair
 
 
 def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -100,7 +100,7 @@ def msa_module_case(feats: dict, rows: slice, msa: dict, seed: int, data_seed: i
     further draws), and two ``MsaModule(**msa)`` with the same weights from ``seed`` (one to
     run serially, one sharded)."""
     from cpbench.data.synthetic import MSA_KEYS
-    from cpbench.models.pairformer.msa_module import MsaModule
+    from cpbench.models.pairformer.modules.msa_module import MsaModule
 
     for key in MSA_KEYS:
         feats[key] = feats[key][:, rows].contiguous()

@@ -6,7 +6,6 @@ repository root is put on ``PYTHONPATH`` for every subprocess the tests start.
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import subprocess
@@ -67,22 +66,10 @@ def fault_model(fault: str, threshold_n: int = 48) -> list[str]:
             f"+model.threshold_n={threshold_n}"]
 
 
-def reference_adapter_missing() -> str | None:
-    """Why the reference trunk cannot run here (None when it can)."""
-    try:
-        importlib.import_module("cpbench.models.pairformer.adapter")
-    except Exception as exc:  # noqa: BLE001 - any import failure means: not there yet
-        return f"cpbench.models.pairformer.adapter does not import yet ({type(exc).__name__}: {exc})"
-    return None
-
-
 @pytest.fixture(scope="session")
 def timing_multirun(tmp_path_factory) -> Path:
     """Sweep dir of ``python -m cpbench -m workflow=inference,training cp=1,2 N=32,48
     model=tiny device=cpu routine=timing`` (8 jobs); the report tests reuse it."""
-    reason = reference_adapter_missing()
-    if reason:
-        pytest.skip(reason)
     launch_dir = tmp_path_factory.mktemp("timing_multirun")
     sweep_dir = launch_dir / "sweep"
     proc = run_cpbench([*TIMING_MULTIRUN_ARGS, f"hydra.sweep.dir={sweep_dir}"], cwd=launch_dir, timeout_s=600)

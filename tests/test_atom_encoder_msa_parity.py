@@ -15,17 +15,17 @@ import os
 
 import pytest
 import torch
-
 from _dist import run_distributed
 from _parity import msa_module_case, rel_error
+
 from cpbench.data.sharding import pad_features
 from cpbench.data.synthetic import make_synthetic_features
-from cpbench.models.pairformer import chunking, comm
 from cpbench.models.pairformer.adapter import all_reduce_grads
-from cpbench.models.pairformer.atom_encoder import AtomAttentionEncoder
-from cpbench.models.pairformer.layout import layout_1d, serial_layout
-from cpbench.models.pairformer.msa_module import MsaModule
-from cpbench.models.pairformer.msa_ops import OuterProductMean, PairWeightedAveraging
+from cpbench.models.pairformer.layers.msa_ops import OuterProductMean, PairWeightedAveraging
+from cpbench.models.pairformer.modules.atom_encoder import AtomAttentionEncoder
+from cpbench.models.pairformer.modules.msa_module import MsaModule
+from cpbench.models.pairformer.parallel import chunking, comm
+from cpbench.models.pairformer.parallel.layout import layout_1d, serial_layout
 
 N, N_ATOMS, S = 13, 70, 6
 C_S, C_Z, C_ATOM, C_ATOMPAIR, ATOM_BLOCKS, ATOM_HEADS = 16, 8, 8, 4, 2, 2

@@ -5,11 +5,11 @@ accounting, ``torch.distributed._tools.mem_tracker.MemTracker``, on CPU)."""
 from __future__ import annotations
 
 import torch
-
 from _dist import run_distributed
 from _parity import peak_bytes
-from cpbench.models.pairformer.block import PairformerBlock
-from cpbench.models.pairformer.layout import layout_1d, serial_layout
+
+from cpbench.models.pairformer.modules.block import PairformerBlock
+from cpbench.models.pairformer.parallel.layout import layout_1d, serial_layout
 
 N, C_S, C_Z = 128, 32, 32  # pair shard 2 MiB at cp=1 (fp32) vs ~0.2 MiB of weights
 

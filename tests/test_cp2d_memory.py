@@ -5,12 +5,12 @@ accounting, ``torch.distributed._tools.mem_tracker.MemTracker``, on CPU, as the 
 from __future__ import annotations
 
 import torch
-from torch.distributed.device_mesh import init_device_mesh
-
 from _dist import run_distributed
 from _parity import peak_bytes
-from cpbench.models.pairformer.block import PairformerBlock
-from cpbench.models.pairformer.layout import layout_from_mesh, serial_layout
+from torch.distributed.device_mesh import init_device_mesh
+
+from cpbench.models.pairformer.modules.block import PairformerBlock
+from cpbench.models.pairformer.parallel.layout import layout_from_mesh, serial_layout
 
 N, C_S, C_Z = 128, 32, 32  # pair tensor 2 MiB at cp=1 (fp32), 0.5 MiB tiles on 2x2, ~0.2 MiB of weights
 

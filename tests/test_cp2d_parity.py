@@ -15,15 +15,15 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
-
 from _dist import run_distributed
 from _parity import TOL, block_cases, op_case, record_trained_param_errors, record_trunk_grad_errors, rel_error
-from cpbench.models.pairformer import chunking, comm
+from torch.distributed.device_mesh import init_device_mesh
+
 from cpbench.models.pairformer.adapter import PairformerAdapter, all_reduce_grads, trunk_loss
-from cpbench.models.pairformer.grid import RingWalk
-from cpbench.models.pairformer.layout import layout_from_mesh
-from cpbench.models.pairformer.trimul import triangle_product
+from cpbench.models.pairformer.layers.trimul import triangle_product
+from cpbench.models.pairformer.parallel import chunking, comm
+from cpbench.models.pairformer.parallel.grid import RingWalk
+from cpbench.models.pairformer.parallel.layout import layout_from_mesh
 
 N, N_MAX_PAD = 13, 16
 C_S, C_Z, HEADS_S, HEADS_T, HEAD_DIM, FACTOR = 16, 8, 2, 2, 4, 2

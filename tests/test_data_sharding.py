@@ -4,7 +4,12 @@ import pytest
 import torch
 
 from cpbench.data.sharding import (
-    ATOM_WINDOW_QUERIES, atom_range, pad_features, shard_features, token_range, units_for_mesh,
+    ATOM_WINDOW_QUERIES,
+    atom_range,
+    pad_features,
+    shard_features,
+    token_range,
+    units_for_mesh,
 )
 from cpbench.data.synthetic import FEATURE_SPEC, make_synthetic_features
 
@@ -44,7 +49,7 @@ def test_1d_shards_hold_exactly_their_tokens_atoms(P, N, n_atoms):
     assert layout.n_atoms_padded == P * layout.atom_block and layout.atom_block % 32 == 0
     locals_ = [_check_shard_holds_exactly_its_tokens_atoms(features, padded, layout, p, P) for p in range(P)]
     # the shards together are the whole example, and unpadding gives it back
-    assert sum(int(l["atom_mask"].sum()) for l in locals_) == int(features["atom_mask"].sum())
+    assert sum(int(local["atom_mask"].sum()) for local in locals_) == int(features["atom_mask"].sum())
     for key, spec in FEATURE_SPEC.items():
         if "N" in spec.shape:
             dim = spec.shape.index("N")

@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 from conftest import compose_point, fault_model
 
-from cpbench.probe import Probe
-from cpbench.runner import PointRun, Runner, SupervisorGroup, discover_slots
+from cpbench.harness.runner import PointRun, Runner, SupervisorGroup, discover_slots
+from cpbench.routines.probe import Probe
 
 POINT_TIMEOUT_S = 8.0
 

@@ -5,10 +5,11 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
-from cpbench import flops
+from cpbench.models.pairformer import flops
+from cpbench.report import mfu
 
-block_mod = pytest.importorskip("cpbench.models.pairformer.block", reason="reference Pairformer block not importable")
-layout_mod = pytest.importorskip("cpbench.models.pairformer.layout", reason="reference Pairformer layout not importable")
+block_mod = pytest.importorskip("cpbench.models.pairformer.modules.block", reason="reference Pairformer block not importable")
+layout_mod = pytest.importorskip("cpbench.models.pairformer.parallel.layout", reason="reference Pairformer layout not importable")
 
 
 def _odd_sized_block():
@@ -79,12 +80,12 @@ def test_training_step_counts_backward_and_reports_recompute_apart():
 
 
 def test_mfu_peak_prefers_configured_value_then_measured_h200_table():
-    assert flops.peak_tflops("NVIDIA H200", "bf16", configured=500.0)[0] == 500.0
-    value, source = flops.peak_tflops("NVIDIA H200", "bf16")
+    assert mfu.peak_tflops("NVIDIA H200", "bf16", configured=500.0)[0] == 500.0
+    value, source = mfu.peak_tflops("NVIDIA H200", "bf16")
     assert value == 774.0 and "measured" in source
-    assert flops.peak_tflops("NVIDIA H200", "fp32")[0] is None
-    assert flops.peak_tflops(None, "bf16")[0] is None
-    assert flops.achieved_tflops_per_gpu(2e12, 1000.0, 2) == pytest.approx(1.0)
+    assert mfu.peak_tflops("NVIDIA H200", "fp32")[0] is None
+    assert mfu.peak_tflops(None, "bf16")[0] is None
+    assert mfu.achieved_tflops_per_gpu(2e12, 1000.0, 2) == pytest.approx(1.0)
 
 
 def test_only_the_reference_trunk_gets_an_analytic_count():

@@ -16,16 +16,16 @@ import os
 
 import pytest
 import torch
-from torch.distributed.device_mesh import init_device_mesh
-
 from _dist import run_distributed
 from _parity import msa_module_case, rel_error
+from torch.distributed.device_mesh import init_device_mesh
+
 from cpbench.data.sharding import pad_features
 from cpbench.data.synthetic import make_synthetic_features
-from cpbench.models.pairformer import chunking, comm
 from cpbench.models.pairformer.adapter import PairformerAdapter, all_reduce_grads, trunk_loss
-from cpbench.models.pairformer.layout import layout_from_mesh, serial_layout
-from cpbench.models.pairformer.msa_module import MsaModule
+from cpbench.models.pairformer.modules.msa_module import MsaModule
+from cpbench.models.pairformer.parallel import chunking, comm
+from cpbench.models.pairformer.parallel.layout import layout_from_mesh, serial_layout
 
 N, N_ATOMS, S = 13, 40, 6
 C_S, C_Z = 16, 8

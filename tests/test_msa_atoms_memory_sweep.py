@@ -2,7 +2,7 @@
 tiny reference trunk over ``S=16,1024 x N_atoms=256,4096``, checked from its ``result.json`` files.
 
 Kept cheap: N=32, fp32, trunk only (no diffusion sampling, no recycling). On CPU the peak is
-the worker's resident-set high-water mark above its baseline (``cpbench.memory``), about 16 MB
+the worker's resident-set high-water mark above its baseline (``cpbench.harness.memory``), about 16 MB
 of which is the same at every point; at this N the MSA tensors of S=64 (~0.5 MB) are within
 that noise (as is N_atoms 256 -> 512, ~+1 MB, which once measured smaller in a loaded CI-like
 run), so the steps are S 16 -> 1024 and N_atoms 256 -> 4096, each several MB.
@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import reference_adapter_missing, run_cpbench
 
 SWEEP_ARGS = ["-m", "S=16,1024", "N_atoms=256,4096", "model=tiny", "device=cpu", "routine=timing", "N=32", "cp=1",

@@ -6,14 +6,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from cpbench.models.pairformer import chunking
-from cpbench.models.pairformer.block import PairformerBlock
-from cpbench.models.pairformer.layout import serial_layout
-from cpbench.models.pairformer.padding import MASKED_LOGIT
-from cpbench.models.pairformer.single_att import AttentionPairBias
-from cpbench.models.pairformer.transition import Transition
-from cpbench.models.pairformer.triatt import TriangleAttention
-from cpbench.models.pairformer.trimul import TriangleMultiplication
+from cpbench.models.pairformer.layers.single_att import AttentionPairBias
+from cpbench.models.pairformer.layers.transition import Transition
+from cpbench.models.pairformer.layers.triatt import TriangleAttention
+from cpbench.models.pairformer.layers.trimul import TriangleMultiplication
+from cpbench.models.pairformer.modules.block import PairformerBlock
+from cpbench.models.pairformer.parallel import chunking
+from cpbench.models.pairformer.parallel.layout import serial_layout
+from cpbench.models.pairformer.parallel.padding import MASKED_LOGIT
 
 N, C_Z, C_S = 13, 8, 12
 

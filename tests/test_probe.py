@@ -11,9 +11,9 @@ from dataclasses import replace
 
 from conftest import compose_point
 
-from cpbench.probe import Probe
+from cpbench.harness.runner import PointResult, Slots, SupervisorGroup
 from cpbench.results import read_json
-from cpbench.runner import PointResult, SupervisorGroup, Slots
+from cpbench.routines.probe import Probe
 
 
 class ScriptedRunner:

@@ -12,10 +12,10 @@ from dataclasses import replace
 
 from conftest import compose_point
 
-from cpbench.memory import MEASURE_CPU
-from cpbench.probe import Probe
-from cpbench.runner import Runner, SupervisorGroup, discover_slots
-from cpbench.timing import run_timing
+from cpbench.harness.memory import MEASURE_CPU
+from cpbench.harness.runner import Runner, SupervisorGroup, discover_slots
+from cpbench.routines.probe import Probe
+from cpbench.routines.timing import run_timing
 
 GROWING = ["model=adapter", "model._target_=tests.adapters.faults.GrowingAdapter"]
 
@@ -46,7 +46,7 @@ def test_probe_under_cpu_memory_cap_finds_a_measured_boundary():
 def test_onednn_failure_counts_as_oom_only_under_the_cpu_cap(monkeypatch):
     """oneDNN says only "could not create a primitive" when its buffers cannot be allocated:
     an out-of-memory verdict where this process runs under the CPU cap, a bug elsewhere."""
-    from cpbench import memory
+    from cpbench.harness import memory
 
     exc = RuntimeError("could not create a primitive")
     assert not memory.is_oom(exc)

@@ -21,8 +21,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from cpbench.memory_model import fit_peak_memory, fitting_points
 from cpbench.report import build_report
+from cpbench.report.memory_model import fit_peak_memory, fitting_points
 from cpbench.results import iter_results
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

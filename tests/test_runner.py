@@ -6,8 +6,8 @@ import sys
 
 from conftest import fault_model, run_command
 
+from cpbench.harness.runner import discover_slots, free_port, verdict
 from cpbench.results import read_json
-from cpbench.runner import discover_slots, free_port, verdict
 
 
 def test_local_slots_own_every_rank(monkeypatch):

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from cpbench.models.pairformer import sdpa_lse
+from cpbench.models.pairformer.ops import sdpa_lse
 
 
 def _inputs(seed: int = 0, b: int = 3, h: int = 4, lq: int = 40, lk: int = 24, d: int = 32):

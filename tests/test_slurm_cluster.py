@@ -216,7 +216,7 @@ def test_slurm_cancelled_job_becomes_a_result_row_and_the_sweep_completes(tmp_pa
     if wait:
         _finish(proc)
     else:
-        later = subprocess.run([sys.executable, "-m", "cpbench.launcher.collect", str(sweep_dir), "--wait",
+        later = subprocess.run([sys.executable, "-m", "cpbench.sweep.collect", str(sweep_dir), "--wait",
                                 "--poll-s", "1"], capture_output=True, text=True, timeout=120,
                                env=dict(os.environ, PYTHONPATH=f"{code_snapshot}{os.pathsep}{os.environ['PYTHONPATH']}"))
         assert later.returncode == 0, later.stderr[-3000:]

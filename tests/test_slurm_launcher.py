@@ -15,8 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cpbench.launcher.resources import JobResources, resources_for
-from cpbench.launcher.slurm_state import StateReader
+from cpbench.sweep.resources import JobResources, resources_for
+from cpbench.sweep.slurm_state import StateReader
 from tests.conftest import REPO_ROOT, fault_model
 
 FAKE_SBATCH = """#!/usr/bin/env bash
@@ -162,8 +162,8 @@ def test_points_sbatch_refuses_become_rows_and_the_others_are_submitted(tmp_path
 def test_job_killed_at_time_limit_becomes_timeout_row_with_its_measured_points(tmp_path):
     from omegaconf import OmegaConf
 
-    from cpbench.launcher import collect
-    from cpbench.launcher.slurm_state import SlurmState
+    from cpbench.sweep import collect
+    from cpbench.sweep.slurm_state import SlurmState
     from tests.conftest import compose_cfg
 
     out_dir = tmp_path / "sweep" / "3"

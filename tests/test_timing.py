@@ -5,7 +5,7 @@ from __future__ import annotations
 from conftest import fault_model, run_cpbench
 
 from cpbench.results import read_json
-from cpbench.timing import summarize_times
+from cpbench.routines.timing import summarize_times
 
 
 def test_iteration_time_is_the_slowest_rank():

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from cpbench.models.pairformer.adapter import PairformerAdapter
-from cpbench.models.pairformer.layout import serial_layout
+from cpbench.models.pairformer.parallel.layout import serial_layout
 
 N, S = 64, 16
 SIZES = dict(c_s=16, c_z=16, blocks=1, heads_single=2, heads_tri=2, head_dim_tri=8, transition_factor=4,
@@ -47,7 +47,7 @@ def test_training_budget_leaves_room_for_the_backward(monkeypatch):
     pair-shard-sized tensors (checked with the CUDA queries stubbed: no GPU here)."""
     from types import SimpleNamespace
 
-    from cpbench.models.pairformer import chunking
+    from cpbench.models.pairformer.parallel import chunking
 
     gib = 1 << 30
     pair = SimpleNamespace(is_cuda=True, device="cuda:0", numel=lambda: gib // 2, element_size=lambda: 2)  # 1 GiB

@@ -58,12 +58,14 @@ class ComponentsDictionary:
         if not wanted:
             return
         if self.path is None:
-            raise InputError(where, f"CCD code {sorted(wanted)[0]!r} needs a components dictionary: set dataset.ccd=PATH/components.cif")
+            raise InputError(where, f"CCD code {sorted(wanted)[0]!r} needs a components dictionary: "
+                                    "set dataset.ccd=PATH/components.cif")
         cif = import_optional("gemmi", where).cif
         try:
             text = self._blocks_text(wanted)
         except OSError as exc:
-            raise InputError(f"{self.path}", f"dataset.ccd: cannot read the components dictionary ({exc.strerror or exc})") from None
+            raise InputError(f"{self.path}",
+                             f"dataset.ccd: cannot read the components dictionary ({exc.strerror or exc})") from None
         doc = cif.read_string(text) if text else []
         for block in doc:
             table = block.find("_chem_comp_atom.", ["type_symbol", "?pdbx_leaving_atom_flag"])

@@ -44,7 +44,8 @@ def a3m_depth(path: Path, query: str, where: str) -> int:
     for number, sequence in records:
         matches = "".join(c for c in sequence if c.isupper() or c == "-")
         if len(matches) != len(query):
-            raise InputError(f"{path}:{number}", f"A3M record has {len(matches)} match states, the query has {len(query)} residues")
+            raise InputError(f"{path}:{number}",
+                             f"A3M record has {len(matches)} match states, the query has {len(query)} residues")
     if records[0][1].upper() != query:
         raise InputError(f"{path}:{records[0][0]}", "the first A3M record (the query) differs from the chain's sequence")
     return len(records)

@@ -22,7 +22,8 @@ def read_structure(path: Path) -> tuple[Sizes, int]:
     try:
         st = gemmi.read_structure(str(path))
     except (RuntimeError, ValueError) as exc:
-        raise InputError(f"{path}", f"gemmi cannot read the structure ({str(exc).splitlines()[0] if str(exc) else exc})") from None
+        reason = str(exc).splitlines()[0] if str(exc) else exc
+        raise InputError(f"{path}", f"gemmi cannot read the structure ({reason})") from None
     st.remove_hydrogens()
     st.remove_waters()
     st.remove_alternative_conformations()

@@ -29,10 +29,11 @@ from __future__ import annotations
 import importlib
 import inspect
 import types
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # annotations only: the controller and the report import this without torch
+    import torch
+    from torch import nn
 
 HOOKS = ("build_model", "build_batch", "run_step")
 # Keys of the model config that describe the preset, not constructor arguments.
@@ -57,7 +58,7 @@ class AdapterError(ValueError):
     """The model config does not name a usable adapter."""
 
 
-def _import_target(target: str) -> Any:
+def import_target(target: str) -> Any:
     """Import ``pkg.mod`` (a module) or ``pkg.mod.Attr`` (an attribute of a module)."""
     try:
         return importlib.import_module(target)
@@ -80,7 +81,7 @@ def load_adapter(model_cfg: dict) -> Adapter:
     target = model_cfg.get("_target_")
     if not target or target == "???":
         raise AdapterError("model._target_ is required: a class or module with build_model, build_batch, run_step")
-    obj = _import_target(str(target))
+    obj = import_target(str(target))
     kwargs = {k: v for k, v in model_cfg.items() if k not in NON_KWARG_KEYS}
     if isinstance(obj, types.ModuleType):
         adapter = obj

@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from cpbench.plots import write_plots
+from cpbench.report.plots import write_plots
 from cpbench.report.readout import readout
 from cpbench.report.rows import probe_point_rows, result_rows
-from cpbench.report.sections import (flops_section, memory_section, metadata_section, plots_section,
-                                     results_section)
+from cpbench.report.sections import flops_section, memory_section, metadata_section, plots_section, results_section
 from cpbench.results import iter_incomplete_probes, iter_results, without_continued_probes
 
 REPORT_STEM = "cp_benchmark"
@@ -38,7 +37,7 @@ def build_report(root, out=None, baseline_max_n: int | None = None,
         baseline_max_n: a user-supplied single-GPU max N for the readout; default: the
             results' ``report.baseline_max_n``.
         peak_tflops: the per-GPU peak for MFU; default: the results' ``report.peak_tflops``,
-            else the measured table in ``cpbench.flops``.
+            else the measured table in ``cpbench.models.pairformer.flops``.
 
     Returns:
         ``{"markdown", "csv", "plot_<name>"...}`` under ``root``, plus ``"out_markdown"``,

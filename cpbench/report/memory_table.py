@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cpbench.memory_model import GPU_MEMORY_SIZES_GIB, MemoryFit, fit_peak_memory, fitting_points
+from cpbench.report.memory_model import GPU_MEMORY_SIZES_GIB, MemoryFit, fit_peak_memory, fitting_points
 from cpbench.report.rows import cp_config_label, model_label, workflow_label
 
 TARGET_CPS = (1, 2, 4, 8)

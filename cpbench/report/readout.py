@@ -11,7 +11,7 @@ import math
 
 import pandas as pd
 
-from cpbench.plots import best_fit_per_cp, latest_ok_timing, repeated_timing_points, walltime_exponent
+from cpbench.report.analysis import best_fit_per_cp, latest_ok_timing, repeated_timing_points, walltime_exponent
 from cpbench.results import INCOMPLETE
 
 

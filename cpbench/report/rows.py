@@ -13,8 +13,9 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from cpbench import flops
-from cpbench.memory_model import max_over_ranks
+from cpbench.models.pairformer import flops
+from cpbench.report import mfu
+from cpbench.results import max_over_ranks
 
 TABLE_COLUMNS = ("N_tokens", "N_atoms", "MSA_seq", "CP config", "peak_mem (GiB)", "walltime (ms)")
 STAGE_PREFIX = "stage_ms."
@@ -59,7 +60,7 @@ def result_rows(records: Iterable[tuple[Path, dict]], root: Path, peak_tflops: f
         records: ``(path of result.json, record)`` pairs.
         root: the directory the report aggregates; ``result`` paths are relative to it.
         peak_tflops: the configured per-GPU peak (``report.peak_tflops``) for MFU; None -> the
-            measured table in ``cpbench.flops``.
+            measured table in ``cpbench.models.pairformer.flops``.
     """
     rows = [_row(path, rec, root, peak_tflops) for path, rec in records]
     frame = pd.DataFrame(rows)
@@ -196,8 +197,8 @@ def _flops_fields(row: dict, model: dict, config: dict, env: dict, peak_tflops_c
     trunk_ms = row.get(STAGE_PREFIX + "trunk")
     time_ms, out["flops time"] = ((float(trunk_ms), "trunk stage") if row["workflow"] != "training" and trunk_ms
                                   else (float(row["walltime (ms)"]), "step median"))
-    out["TFLOP/s/GPU"] = flops.achieved_tflops_per_gpu(step["step"], time_ms, int(row["cp"] or 1))
-    peak, source = flops.peak_tflops(env.get("gpu_model"), row["dtype"], peak_tflops_cfg)
+    out["TFLOP/s/GPU"] = mfu.achieved_tflops_per_gpu(step["step"], time_ms, int(row["cp"] or 1))
+    peak, source = mfu.peak_tflops(env.get("gpu_model"), row["dtype"], peak_tflops_cfg)
     if peak:
         out["MFU"] = out["TFLOP/s/GPU"] / peak
         out["peak source"] = source

@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable
 
 import pandas as pd
 
-from cpbench import flops
+from cpbench.models.pairformer import flops
 from cpbench.report.memory_table import memory_tables
 from cpbench.report.rows import STAGE_PREFIX, TABLE_COLUMNS
 from cpbench.results import INCOMPLETE

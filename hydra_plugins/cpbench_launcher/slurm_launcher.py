@@ -1,11 +1,11 @@
-"""The class ``hydra/launcher=slurm`` names; the implementation is ``cpbench.launcher.slurm``.
+"""The class ``hydra/launcher=slurm`` names; the implementation is ``cpbench.sweep.slurm``.
 
 Hydra only instantiates plugins defined under the ``hydra_plugins`` namespace package, so
 this module holds nothing but the name. It is imported at every Hydra start (plugin
 discovery): keep it free of heavy imports (torch, submitit).
 """
 
-from cpbench.launcher.slurm import GroupedSlurmLauncher
+from cpbench.sweep.slurm import GroupedSlurmLauncher
 
 
 class CpbenchSlurmLauncher(GroupedSlurmLauncher):

@@ -23,13 +23,14 @@ from torch import nn
 
 from cpbench.data.sharding import pad_features
 from cpbench.data.synthetic import MSA_KEYS, make_synthetic_features
-from cpbench.models.pairformer import comm, sdpa_lse
-from cpbench.models.pairformer.diffusion import BOLTZ2_SIZES, DiffusionModule
-from cpbench.models.pairformer.layout import Layout, layout_from_mesh
-from cpbench.models.pairformer.padding import padding_unit
-from cpbench.models.pairformer.sampler import sample
-from cpbench.models.pairformer.stage_timer import StageTimer
-from cpbench.models.pairformer.trunk import PairformerTrunk, now_s
+from cpbench.models.pairformer.modules.diffusion import BOLTZ2_SIZES, DiffusionModule
+from cpbench.models.pairformer.modules.sampler import sample
+from cpbench.models.pairformer.modules.trunk import PairformerTrunk
+from cpbench.models.pairformer.ops import sdpa_lse
+from cpbench.models.pairformer.parallel import comm
+from cpbench.models.pairformer.parallel.layout import Layout, layout_from_mesh
+from cpbench.models.pairformer.parallel.padding import padding_unit
+from cpbench.models.pairformer.stage_timer import StageTimer, now_s
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 

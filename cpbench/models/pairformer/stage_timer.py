@@ -60,3 +60,10 @@ class StageTimer:
 def maybe_stage(timer: StageTimer | None, name: str) -> contextlib.AbstractContextManager:
     """``timer.stage(name)``, or a no-op when there is no timer."""
     return timer.stage(name) if timer is not None else contextlib.nullcontext()
+
+
+def now_s(like: torch.Tensor) -> float:
+    """Wall clock in seconds, after the work queued on ``like``'s device (CUDA) has finished."""
+    if like.is_cuda:
+        torch.cuda.synchronize(like.device)
+    return time.perf_counter()

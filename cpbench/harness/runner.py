@@ -1,0 +1,240 @@
+"""Per-point worker processes: rank slots, rendezvous, rank agreement, timeouts, verdicts.
+
+Execution model::
+
+    job ── supervisor, one per rank slot (CPU only; never touches the GPU)
+             └── worker, one per rank, a fresh process for every probe point / timing run
+
+The rank slots and the supervisors' group are ``cpbench.harness.slots``. Every verdict is
+agreed by a polling all-reduce over that group (any rank failed → every supervisor kills its
+workers after a short grace period).
+
+A point's verdict: ``ok`` when every rank completed; else the root cause — ``oom`` when any
+rank ran out of memory, ``timeout`` when ranks were still running at the point's timeout,
+``error`` with the failing rank's one-line exception (or exit code) otherwise. Errors that
+only echo a dead peer (gloo "connection closed", NCCL aborts) are never the root cause.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cpbench.config import Point
+from cpbench.harness.slots import Slots, SupervisorGroup
+
+log = logging.getLogger("cpbench")
+
+POLL_S = 0.1
+# Peers of a failed rank usually sit in a collective that never returns: after this grace
+# period (enough for them to report an error of their own) they are killed.
+FAIL_GRACE_S = 3.0
+# Messages of ranks that failed only because a peer died first.
+_PEER_FAILURE_MARKERS = ("connection closed by peer", "connection reset", "broken pipe", "peer",
+                         "nccl communicator was aborted", "process group", "timed out", "socket")
+# Environment a worker must not inherit from a torchrun/SLURM supervisor: it joins the point's
+# own group through an explicit tcp:// address (and TORCHELASTIC_* would make its rank 0 a
+# client of torchrun's agent store instead of the point's store server: a silent hang).
+_SUPERVISOR_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                   "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass
+class PointRun:
+    """What the workers of one point do: one step (probe) or warmup + repeats (timing)."""
+
+    N: int
+    n_atoms: int
+    S: int
+    timeout_s: float
+    warmup: int = 0
+    repeats: int = 1
+    run_blocks: int | None = None
+    profile_path: str | None = None   # "{rank}" is replaced by the rank
+
+
+@dataclass
+class PointResult:
+    """The agreed verdict of one point and every rank's outcome (ordered by rank)."""
+
+    status: str
+    message: str
+    ranks: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def per_rank(self, key: str) -> list:
+        return [r.get(key) for r in self.ranks]
+
+
+class Runner:
+    """Runs points of one job on its rank slots; every call starts fresh workers."""
+
+    def __init__(self, point: Point, slots: Slots, group: SupervisorGroup):
+        self.point, self.slots, self.group = point, slots, group
+
+    def run(self, task: PointRun) -> PointResult:
+        started = time.time()
+        port = self.group.worker_port()
+        work_dir = Path(tempfile.mkdtemp(prefix=f"cpbench-N{task.N}-"))
+        procs: list[tuple[int, subprocess.Popen]] = []
+        try:
+            procs = self._spawn(task, port, work_dir)
+            timed_out = self._wait(procs, task.timeout_s)
+            local = [self._outcome(rank, proc, work_dir, timed_out) for rank, proc in procs]
+        finally:
+            self._kill(procs)  # no-op when all exited; on an exception (Ctrl-C, SIGTERM) ends them
+            shutil.rmtree(work_dir, ignore_errors=True)
+        ranks = sorted(self.group.gather(local), key=lambda r: r["rank"])
+        status, message = verdict(ranks, timed_out, task.timeout_s)
+        return PointResult(status, message, ranks, time.time() - started)
+
+    def _spawn(self, task: PointRun, port: int, work_dir: Path) -> list[tuple[int, subprocess.Popen]]:
+        p = self.point
+        spec = {
+            "device": p.device, "world_size": self.slots.world_size, "master_addr": self.slots.master_addr
+            if self.slots.num_supervisors > 1 else "127.0.0.1", "master_port": port,
+            "mesh_shape": list(p.mesh_shape), "mesh_dim_names": list(p.mesh_dim_names),
+            "model": p.model, "seed": p.seed, "train": p.train, "memory_limit_gib": p.memory_limit_gib,
+            "N": task.N, "n_atoms": task.n_atoms, "S": task.S, "run_blocks": task.run_blocks,
+            "warmup": task.warmup, "repeats": task.repeats, "profile_path": task.profile_path,
+            "timeout_s": task.timeout_s, "work_dir": str(work_dir),
+            # Cores shared by the local ranks: oversubscribed intra-op threads distort CPU times.
+            "threads": max(1, (os.cpu_count() or 1) // len(self.slots.ranks)),
+        }
+        (work_dir / "spec.json").write_text(json.dumps(spec))
+        env = {k: v for k, v in os.environ.items()
+               if k not in _SUPERVISOR_ENV and not k.startswith("TORCHELASTIC_")}
+        alloc_conf = worker_alloc_conf(p)
+        if alloc_conf is not None:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = alloc_conf
+        procs = []
+        for rank, dev in zip(self.slots.ranks, self.slots.device_indices):
+            logf = open(work_dir / f"rank{rank}.log", "wb")
+            # A new session per worker: its whole process group can be killed at once.
+            procs.append((rank, subprocess.Popen(
+                [sys.executable, "-m", "cpbench.harness.worker", str(work_dir / "spec.json"), str(rank), str(dev)],
+                stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)))
+            logf.close()
+        return procs
+
+    def _wait(self, procs: list[tuple[int, subprocess.Popen]], timeout_s: float) -> bool:
+        """Poll until every rank is done; kill all on a failure (after a grace) or the timeout.
+
+        Returns whether the point timed out. Every supervisor runs the same number of
+        all-reduces per loop, so the loop ends on the same iteration everywhere.
+        """
+        deadline = time.monotonic() + timeout_s
+        failed_at = None
+        while True:
+            codes = [proc.poll() for _, proc in procs]
+            local_failed = int(any(c not in (None, 0) for c in codes))
+            local_running = int(any(c is None for c in codes))
+            now = time.monotonic()
+            failed, running, late = self.group.any_all([local_failed, local_running, int(now > deadline)])
+            if not running:
+                return False
+            if failed and failed_at is None:
+                failed_at = now
+            if late or (failed_at is not None and now - failed_at > FAIL_GRACE_S):
+                self._kill(procs)
+                return bool(late and failed_at is None)
+            time.sleep(POLL_S)
+
+    @staticmethod
+    def _kill(procs: list[tuple[int, subprocess.Popen]]) -> None:
+        for _, proc in procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for _, proc in procs:
+            proc.wait()
+
+    @staticmethod
+    def _outcome(rank: int, proc: subprocess.Popen, work_dir: Path, timed_out: bool) -> dict:
+        path = work_dir / f"rank{rank}.json"
+        if path.exists():
+            return json.loads(path.read_text())
+        code = proc.returncode
+        progress = _progress(work_dir, rank)
+        if code is not None and code < 0 and -code == signal.SIGKILL:
+            status = "timeout" if timed_out else "killed"
+            message = "still running at the point's timeout" if timed_out else "killed after a peer failed"
+            if timed_out:
+                message += f" {progress_text(progress)}"
+        else:
+            status, message = "error", f"exited with code {code} without a report{_log_tail(work_dir, rank)}"
+        return {"rank": rank, "status": status, "message": message, "peak_alloc_gib": None,
+                "peak_reserved_gib": None, "exit_code": code, "progress": progress}
+
+
+def point_record(point: Point) -> dict:
+    """The point as ``result.json`` and ``probe_state.json`` record it: its resolved fields plus
+    the per-rank memory cap and the PYTORCH_CUDA_ALLOC_CONF its workers ran with."""
+    return point.record() | {"memory_limit_gib": point.memory_limit_gib, "cuda_alloc_conf": worker_alloc_conf(point)}
+
+
+def worker_alloc_conf(point: Point) -> str | None:
+    """The workers' PYTORCH_CUDA_ALLOC_CONF: an exported one is the user's choice and wins,
+    else ``memory.cuda_alloc_conf`` (None: unset)."""
+    return os.environ.get("PYTORCH_CUDA_ALLOC_CONF", point.cuda_alloc_conf)
+
+
+def _progress(work_dir: Path, rank: int) -> dict:
+    """The steps a rank finished before it was killed (``cpbench.harness.worker`` writes them)."""
+    try:
+        return json.loads((work_dir / f"rank{rank}.progress.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def progress_text(progress: dict) -> str:
+    """``after 2 steps (warmup 61234 ms, 60987 ms)``: how far a timed-out rank got."""
+    warmup, timed = progress.get("warmup_ms") or [], progress.get("times_ms") or []
+    if not warmup and not timed:
+        return "before its first step finished"
+    parts = [f"warmup {', '.join(f'{t:.0f}' for t in warmup)} ms"] if warmup else []
+    parts += [f"timed {', '.join(f'{t:.0f}' for t in timed)} ms"] if timed else []
+    return f"after {len(warmup) + len(timed)} steps ({'; '.join(parts)})"
+
+
+def _log_tail(work_dir: Path, rank: int) -> str:
+    try:
+        lines = [ln for ln in (work_dir / f"rank{rank}.log").read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return f" ({lines[-1].strip()[:300]})" if lines else ""
+
+
+def _is_peer_echo(message: str) -> bool:
+    text = message.lower()
+    return any(m in text for m in _PEER_FAILURE_MARKERS)
+
+
+def verdict(ranks: list[dict], timed_out: bool, timeout_s: float) -> tuple[str, str]:
+    """(status, message) of a point from its per-rank outcomes (see the module docstring)."""
+    failed = [r for r in ranks if r["status"] not in ("ok", "killed", "timeout")]
+    if not failed:
+        if timed_out:
+            late = [r for r in ranks if r["status"] == "timeout"]
+            first = progress_text(late[0].get("progress") or {}) if late else ""
+            return "timeout", (f"rank(s) {[r['rank'] for r in late]} still running after {timeout_s:g} s "
+                               f"(killed); rank {late[0]['rank'] if late else '-'} {first}")
+        if all(r["status"] == "ok" for r in ranks):
+            return "ok", ""
+        return "error", "workers were killed without a failing rank"
+    ooms = [r for r in failed if r["status"] == "oom"]
+    roots = ooms or [r for r in failed if not _is_peer_echo(r.get("message", ""))] or failed
+    root = min(roots, key=lambda r: (r.get("finished_at", math.inf), r["rank"]))
+    return root["status"], f"rank {root['rank']}: {root.get('message', '')}"

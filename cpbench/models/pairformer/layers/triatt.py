@@ -1,0 +1,96 @@
+"""Triangle attention around the starting and ending node (AF3 Algorithms 14-15).
+
+Starting node: for each row i, queries ``z_ij``, keys/values ``z_ik``, bias ``b_jk`` from
+``z_jk``. Ending node is starting node on Z^T, so the op takes the row shard of the tensor it
+attends along rows: Z (starting) or Z^T (ending); the block switches with
+``transpose.transpose_pair``. Rows are independent: they are the batch of
+``F.scaled_dot_product_attention`` with the shared ``[heads, N, N]`` bias (plus the key mask)
+as ``attn_mask``. 1d: each rank projects the bias of its own rows and all-gathers it; only the
+``N x N x heads`` bias travels, never z.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from cpbench.models.pairformer.ops.triangle_attention_2d import triangle_attention_2d
+from cpbench.models.pairformer.parallel import chunking, comm
+from cpbench.models.pairformer.parallel.layout import TWO_D, Layout
+from cpbench.models.pairformer.parallel.padding import key_bias
+
+
+class TriangleAttention(nn.Module):
+    """Gated triangle self-attention with pair bias, ``heads x head_dim``.
+
+    ``forward(z, token_mask, layout)``: ``z: [N/P, N, c_z]`` (row shard of Z, or of Z^T when
+    ``ending``), returns z plus the update in the same layout; in place without autograd,
+    checkpointed row chunks with autograd when the activations would not fit the budget.
+    Collectives (1d): all-gather of the bias, ``(P-1)·N/P·N·heads`` elements sent per rank.
+    """
+
+    def __init__(self, c_z: int, heads: int, head_dim: int, ending: bool = False) -> None:
+        super().__init__()
+        self.ending, self.heads, self.head_dim = ending, heads, head_dim
+        self.norm = nn.LayerNorm(c_z)
+        self.qkvg = nn.Linear(c_z, 4 * heads * head_dim, bias=False)
+        self.bias_proj = nn.Linear(c_z, heads, bias=False)
+        self.out = nn.Linear(heads * head_dim, c_z, bias=False)
+
+    def _bias(self, z: torch.Tensor, token_mask: torch.Tensor, layout: Layout) -> torch.Tensor:
+        """The global bias ``[1, heads, N, N]`` (query pos, key pos) + key mask, from ``z`` rows."""
+        n_local, n_pad, c_z = z.shape
+        if torch.is_grad_enabled():
+            local = self.bias_proj(self.norm(z))
+        else:
+            local = z.new_empty((n_local, n_pad, self.heads))
+            rc = chunking.rows_per_chunk(n_local, n_pad * 2 * c_z * z.element_size(), chunking.budget_bytes(z))
+            for rs in chunking.slices(n_local, rc):
+                local[rs] = self.bias_proj(self.norm(z[rs]))
+        full = comm.all_gather_rows(local.contiguous(), layout)  # [N, N, heads]
+        # contiguous: the permuted sum keeps a head stride of 1, and CUDA's memory-efficient SDPA
+        # needs a unit last-dim stride; otherwise it falls back to the math kernel, which
+        # materialises [rows, heads, N, N] logits (128 GiB at N=2048).
+        if torch.is_grad_enabled():
+            return (full.permute(2, 0, 1) + key_bias(token_mask, z.dtype)).contiguous().unsqueeze(0)
+        return full.permute(2, 0, 1).contiguous().add_(key_bias(token_mask, z.dtype)).unsqueeze(0)  # one copy
+
+    def _attend_rows(self, z_rows: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return self._attend(self.norm(z_rows), bias)
+
+    def _attend(self, zn: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """Rows ``zn: [r, N, c_z]`` -> update ``[r, N, c_z]``."""
+        r, n_pad, _ = zn.shape
+        h, d = self.heads, self.head_dim
+        q, k, v, g = self.qkvg(zn).view(r, n_pad, 4, h, d).unbind(2)
+        o = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+            attn_mask=bias.expand(r, h, n_pad, n_pad))
+        o = o.transpose(1, 2) * torch.sigmoid(g)  # [r, N, h, d]
+        return self.out(o.reshape(r, n_pad, h * d))
+
+    def forward(self, z: torch.Tensor, token_mask: torch.Tensor, layout: Layout) -> torch.Tensor:
+        """Args: ``z: [N/P, N, c_z]``, ``token_mask: [N]`` bool. Returns ``[N/P, N, c_z]``."""
+        if layout.kind == TWO_D and layout.sharded:  # tiles [N/cp0, N/cp1, c_z]: ring (ops/triangle_attention_2d.py)
+            return triangle_attention_2d(self, z, token_mask, layout)
+        bias = self._bias(z, token_mask, layout)
+        n_local, n_pad, c_z = z.shape
+        h, d = self.heads, self.head_dim
+        if torch.is_grad_enabled():
+            # Per row of z: LN, q/k/v/g, output; and [heads, N, N] for the bias gradient of the
+            # broadcast bias (CUDA) or the logits and probabilities of the unfused kernel (CPU).
+            per_row_b = (n_pad * (2 * c_z + 7 * h * d) + 3 * h * n_pad * n_pad) * z.element_size()
+            rc = chunking.rows_per_chunk(n_local, per_row_b, chunking.budget_bytes(z))
+            if rc >= n_local:
+                return z + self._attend_rows(z, bias)
+            # Checkpointed row chunks: backward keeps z and the bias, recomputes one chunk at a time.
+            return z + torch.cat([checkpoint(self._attend_rows, z_rows, bias, use_reentrant=False)
+                                  for z_rows in z.split(rc)])
+        # Per row: normed z, q/k/v/g, output; the unfused CPU kernel also holds the logits.
+        per_row = n_pad * (2 * c_z + 6 * h * d) + (0 if z.is_cuda else 2 * h * n_pad)
+        rc = chunking.rows_per_chunk(n_local, per_row * z.element_size(), chunking.budget_bytes(z))
+        for rs in chunking.slices(n_local, rc):
+            z[rs] += self._attend(self.norm(z[rs]), bias)
+        return z

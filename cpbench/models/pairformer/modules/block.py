@@ -1,0 +1,77 @@
+"""One Pairformer block (AF3 Algorithm 17), in AF3's order, over any layout.
+
+Per block in 1d: four all-to-alls of z (``transpose.transpose_pair``: rows -> Z^T rows before the
+incoming triangle multiplication, back before the starting-node attention, again before the
+ending-node attention, back after the pair transition), two chunked all-gathers of a triangle
+operand, two all-gathers of a triangle bias, and the single attention's key/value all-gather.
+Per rank that is about ``4·(P-1)/P·|z_local| + 2·(P-1)·|z_local| + 2·(P-1)/P·N²·heads_tri``
+elements: O(N²·c_z) whatever P (the 2d layout of issue 6 cuts it to O(N²·c_z/√P)).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from cpbench.models.pairformer.layers.single_att import AttentionPairBias
+from cpbench.models.pairformer.layers.transition import Transition
+from cpbench.models.pairformer.layers.triatt import TriangleAttention
+from cpbench.models.pairformer.layers.trimul import TriangleMultiplication
+from cpbench.models.pairformer.parallel import chunking, comm
+from cpbench.models.pairformer.parallel.layout import Layout
+from cpbench.models.pairformer.parallel.transpose import transpose_pair
+
+
+def op_runner(z: torch.Tensor, layout: Layout, checkpoint_ops: bool) -> Callable[..., Any]:
+    """``run(op, *args)``: calls ``op(*args)``, checkpointed when ``checkpoint_ops`` and autograd
+    is on, so that a checkpointed block's recompute holds one op's activations at a time. The
+    ops chunk by the training budget (``chunking.training_budget_bytes``: room left for the
+    block's backward): it is agreed over the ranks once and frozen for the recompute (``z``:
+    this rank's pair shard, which the budget is measured against)."""
+    if not (checkpoint_ops and torch.is_grad_enabled()):
+        return lambda op, *args: op(*args)
+    frozen = partial(chunking.frozen_budget, comm.agree_min(chunking.training_budget_bytes(z), layout, z))
+    return lambda op, *args: checkpoint(op, *args, use_reentrant=False, context_fn=frozen)
+
+
+def run_block(block: nn.Module, *args, checkpointing: bool = False) -> Any:
+    """``block(*args)``; with ``checkpointing`` and autograd on, checkpointed with its ops
+    checkpointed inside (``checkpoint_ops=True``), so training keeps only the block's inputs.
+    Used by the trunk for its Pairformer blocks and by the MSA module for its blocks."""
+    if checkpointing and torch.is_grad_enabled():
+        return checkpoint(block, *args, True, use_reentrant=False)
+    return block(*args)
+
+
+class PairformerBlock(nn.Module):
+    """``forward(s, z, token_mask, layout) -> (s, z)`` with ``s: [N/P, c_s]``,
+    ``z: [N/P, N, c_z]`` (row shard of Z), ``token_mask: [N]``; in place without autograd."""
+
+    def __init__(self, c_s: int, c_z: int, heads_single: int, heads_tri: int, head_dim_tri: int,
+                 transition_factor: int) -> None:
+        super().__init__()
+        self.tri_mul_out = TriangleMultiplication(c_z, incoming=False)
+        self.tri_mul_in = TriangleMultiplication(c_z, incoming=True)
+        self.tri_att_start = TriangleAttention(c_z, heads_tri, head_dim_tri, ending=False)
+        self.tri_att_end = TriangleAttention(c_z, heads_tri, head_dim_tri, ending=True)
+        self.pair_transition = Transition(c_z, transition_factor)
+        self.attention = AttentionPairBias(c_s, c_z, heads_single)
+        self.single_transition = Transition(c_s, transition_factor)
+
+    def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor, layout: Layout,
+                checkpoint_ops: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """``checkpoint_ops``: checkpoint each op (with autograd), so that the recompute of a
+        checkpointed block holds one op's activations at a time, not the whole block's."""
+        run = op_runner(z, layout, checkpoint_ops)
+        z = run(self.tri_mul_out, z, token_mask, layout)
+        z = run(self.tri_mul_in, transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
+        z = run(self.tri_att_start, transpose_pair(z, layout), token_mask, layout)  # on Z rows
+        z = run(self.tri_att_end, transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
+        z = transpose_pair(run(self.pair_transition, z), layout)  # back to Z rows
+        s = run(self.attention, s, z, token_mask, layout)
+        s = run(self.single_transition, s)
+        return s, z

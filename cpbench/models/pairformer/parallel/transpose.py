@@ -1,0 +1,163 @@
+"""Pair transposes: the local shard of ``Z^T`` from the local shard of ``Z``.
+
+* 1d (``transpose_pair``): one all-to-all turns the row shard of Z into the row shard of Z^T
+  (channel-chunked); the backward is the reverse all-to-all.
+* 2d (``transpose_tiles``): the tile of ``X^T`` (``X^T[R_a, C_b] = X[C_b, R_a]^T``). Square
+  grids: one swap with rank ``(b, a)``; non-square: the pieces of ``X[C_b, R_a]`` from every rank
+  whose tile overlaps it. A permutation of elements, so its backward is itself.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from cpbench.models.pairformer.parallel import chunking, comm
+from cpbench.models.pairformer.parallel.grid import Grid, block, overlap
+from cpbench.models.pairformer.parallel.layout import TWO_D, Layout
+from cpbench.models.pairformer.parallel.p2p import TAG_SKEW, exchange, wait_all
+
+
+def _transpose_into(out: torch.Tensor, t: torch.Tensor, grid: Grid, dim: int) -> torch.Tensor:
+    """``out`` <- tile of ``X^T`` from the tile ``t`` of ``X`` (token dims ``dim``, ``dim + 1``).
+
+    ``out`` may be ``t`` itself: every outgoing piece is copied out before anything is written.
+    """
+    p, q = grid.cp0, grid.cp1
+    n_pad = t.shape[dim] * p
+    rows, cols = grid.rows(n_pad), grid.cols(n_pad)
+
+    def region(x: torch.Tensor, r: slice, c: slice) -> torch.Tensor:
+        return x.narrow(dim, r.start, r.stop - r.start).narrow(dim + 1, c.start, c.stop - c.start)
+
+    def local(x: slice, origin: slice) -> slice:
+        return slice(x.start - origin.start, x.stop - origin.start)
+
+    sends, recvs, places = [], [], []
+    for a2 in range(p):
+        for b2 in range(q):
+            peer = grid.rank_of(a2, b2)
+            peer_rows, peer_cols = block(a2, p, n_pad), block(b2, q, n_pad)
+            # Mine -> peer: X[R_a ∩ C_b2, C_b ∩ R_a2], transposed, lands at peer rows C_b ∩ R_a2.
+            rs, cs = overlap(rows, peer_cols), overlap(cols, peer_rows)
+            if rs is not None and cs is not None:
+                piece = region(t, local(rs, rows), local(cs, cols)).transpose(dim, dim + 1)
+                piece = piece.clone(memory_format=torch.contiguous_format)
+                if peer == grid.me:
+                    places.append((region(out, local(cs, rows), local(rs, cols)), piece))
+                else:
+                    sends.append((peer, piece))
+            # Peer -> mine: X[R_a2 ∩ C_b, C_b2 ∩ R_a] transposed, at my rows C_b2 ∩ R_a, cols R_a2 ∩ C_b.
+            my_r, my_c = overlap(peer_cols, rows), overlap(peer_rows, cols)
+            if peer != grid.me and my_r is not None and my_c is not None:
+                dst = region(out, local(my_r, rows), local(my_c, cols))
+                if dst.is_contiguous():  # square grids: the whole tile, received in place
+                    recvs.append((peer, dst))
+                else:
+                    buf = torch.empty(dst.shape, dtype=t.dtype, device=t.device)
+                    recvs.append((peer, buf))
+                    places.append((dst, buf))
+    wait_all(exchange(sends, recvs, TAG_SKEW))
+    for dst, buf in places:
+        dst.copy_(buf)
+    return out
+
+
+def _transpose_tiles(t: torch.Tensor, grid: Grid, dim: int) -> torch.Tensor:
+    return _transpose_into(torch.empty_like(t, memory_format=torch.contiguous_format), t, grid, dim)
+
+
+def transpose_tiles_(z: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """In-place ``transpose_tiles`` of a pair tile ``z: [N/cp0, N/cp1, c]`` without autograd,
+    in channel chunks so that only two chunk-sized buffers are transient."""
+    c = z.shape[-1]
+    per_channel_b = 2 * z.numel() // c * z.element_size()
+    ck = chunking.divisor_chunk(c, per_channel_b, chunking.budget_bytes(z))
+    ck = comm.agree_min(ck, layout, z)
+    while c % ck:  # the agreed minimum divides c only if it is one of ours
+        ck -= 1
+    for cs in chunking.slices(c, ck):
+        view = z[..., cs]
+        _transpose_into(view, view, layout.grid, 0)
+    return z
+
+
+class _TransposeTiles(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t: torch.Tensor, grid: Grid, dim: int) -> torch.Tensor:
+        ctx.grid, ctx.dim = grid, dim
+        return _transpose_tiles(t, grid, dim)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _transpose_tiles(grad.contiguous(), ctx.grid, ctx.dim), None, None
+
+
+def transpose_tiles(t: torch.Tensor, grid: Grid, dim: int = 0) -> torch.Tensor:
+    """This rank's tile of ``X^T`` given its tile of ``X``.
+
+    Args:
+        t: ``[..., N/cp0, N/cp1, ...]`` tile ``X[R_a, C_b]`` with token dims ``dim, dim + 1``.
+    Returns:
+        Same shape: ``X^T[R_a, C_b]``, a new tensor. Sends ``|t|`` bytes (less the part that
+        stays on this rank); autograd-aware (the backward is the same exchange).
+    """
+    if torch.is_grad_enabled() and t.requires_grad:
+        return _TransposeTiles.apply(t, grid, dim)
+    return _transpose_tiles(t, grid, dim)
+
+
+def _transpose_1d(z: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """All-to-all that turns the row shard of Z into the row shard of Z^T (out of place).
+
+    Channel-chunked so the send/receive buffers stay within the chunk budget.
+    """
+    p, n_local, c = layout.size, z.shape[0], z.shape[2]
+    out = torch.empty_like(z, memory_format=torch.contiguous_format)
+    # out[j, s-block i, :] = Z[i in s, j mine]: block s of the result comes from rank s.
+    out_blocks = out.view(n_local, p, n_local, c)
+    per_channel_b = 2 * z.numel() * z.element_size() // c
+    chunk_c = comm.agree_min(chunking.divisor_chunk(c, per_channel_b, chunking.budget_bytes(z)), layout, z)
+    for cs in chunking.slices(c, chunk_c):
+        # send[s] = my rows, the columns of rank s: [P, n_local(i), n_local(j), chunk]
+        send = z[..., cs].reshape(n_local, p, n_local, cs.stop - cs.start).permute(1, 0, 2, 3).contiguous()
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=layout.group)
+        comm.BYTES.add((p - 1) * send.numel() * send.element_size() / p)
+        del send
+        out_blocks[..., cs].copy_(recv.permute(2, 0, 1, 3))
+        del recv
+    return out
+
+
+class _TransposePair(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, z: torch.Tensor, layout: Layout) -> torch.Tensor:
+        ctx.layout = layout
+        return _transpose_1d(z, layout)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _transpose_1d(grad.contiguous(), ctx.layout), None
+
+
+def transpose_pair(z: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """The local row shard of the transposed pair tensor ``Z^T`` (``Z^T[j, i] = Z[i, j]``).
+
+    Args:
+        z: ``[N/P, N, c]`` rows of Z held by this rank.
+    Returns:
+        ``[N/P, N, c]`` rows of Z^T. Serial: a view (no copy). 1d: one all-to-all sending
+        ``(P-1)/P·|z|`` bytes; without autograd the result is written back into ``z``'s storage
+        (the caller's reference stays the only pair buffer); with autograd a new tensor whose
+        backward is the reverse all-to-all.
+    """
+    if not layout.sharded:
+        return z.transpose(0, 1)
+    if layout.kind == TWO_D:  # tile [N/cp0, N/cp1, c]: point-to-point grid transpose
+        if torch.is_grad_enabled():
+            return transpose_tiles(z, layout.grid, dim=0)
+        return transpose_tiles_(z, layout)  # in place, in channel chunks
+    if torch.is_grad_enabled():
+        return _TransposePair.apply(z, layout)
+    return z.copy_(_transpose_1d(z, layout))

@@ -1,0 +1,53 @@
+"""The timing routine: warmup then repeats on fresh workers; the slowest rank per iteration.
+
+Each rank runs ``timing.warmup`` (>= 3) then ``timing.repeats`` (>= 5) steps, with a barrier
+and ``torch.cuda.synchronize()`` around each (``cpbench.harness.worker``); an iteration's time is the
+slowest rank's, since the step is done only when every rank is. Peak memory is the max over
+ranks (per rank beside it); with ``profile=true`` every rank writes a torch.profiler trace
+of its first timed iteration beside result.json.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from cpbench.config import Point
+from cpbench.harness.runner import PointRun, Runner
+
+
+def summarize_times(times_per_rank: list[list[float]]) -> dict:
+    """Per-iteration slowest-rank times (ms) and their median, IQR, min, max."""
+    times_ms = [max(it) for it in zip(*times_per_rank)]
+    q1, _, q3 = statistics.quantiles(times_ms, n=4, method="inclusive") if len(times_ms) > 1 else (times_ms * 3)
+    return {"times_ms": [round(t, 4) for t in times_ms], "median_ms": statistics.median(times_ms),
+            "iqr_ms": q3 - q1, "min_ms": min(times_ms), "max_ms": max(times_ms)}
+
+
+def run_timing(point: Point, runner: Runner, out_dir: Path | None) -> dict:
+    """The timing fields of a result record (see cpbench/results.py)."""
+    t = point.timing
+    profile_path = str(out_dir / "trace_rank{rank}.json") if point.profile and out_dir is not None else None
+    result = runner.run(PointRun(N=point.N, n_atoms=point.N_atoms, S=point.S, timeout_s=t.timeout_s,
+                                 warmup=t.warmup, repeats=t.repeats, profile_path=profile_path))
+    alloc, reserved = result.per_rank("peak_alloc_gib"), result.per_rank("peak_reserved_gib")
+    known = [a for a in alloc if a is not None]
+    out = {"status": result.status, "message": result.message, "seconds": round(result.seconds, 3),
+           "peak_alloc_gib": max(known) if known else None,
+           "peak_reserved_gib": max((r for r in reserved if r is not None), default=None),
+           "peak_alloc_gib_per_rank": alloc, "peak_reserved_gib_per_rank": reserved,
+           "memory_measure": result.ranks[0].get("memory_measure") if result.ranks else None}
+    if result.status != "ok":
+        progress = (result.ranks[0].get("progress") or {}) if result.ranks else {}
+        if progress.get("warmup_ms") or progress.get("times_ms"):  # a timeout: the steps rank 0 finished
+            out["partial"] = progress
+        return out
+    out.update(summarize_times(result.per_rank("times_ms")))
+    out["times_ms_per_rank"] = [[round(t, 4) for t in ts] for ts in result.per_rank("times_ms")]
+    out["warmup_ms"] = [round(max(it), 4) for it in zip(*result.per_rank("warmup_ms"))]
+    out["tokens_per_s"] = point.N / (out["median_ms"] / 1e3) if out["median_ms"] > 0 else None
+    out["loss"] = result.ranks[0].get("loss")
+    out["stats"] = result.ranks[0].get("stats") or {}
+    if profile_path:
+        out["profile_traces"] = [Path(profile_path.format(rank=r)).name for r in range(point.cp)]
+    return out
