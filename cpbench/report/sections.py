@@ -222,7 +222,7 @@ def flops_section(rows: pd.DataFrame, records: list[dict]) -> str:
             f"{sizes.head_dim_tri}, transitions ×{sizes.transition_factor}, {sizes.blocks} blocks); 2 FLOPs per "
             "multiply-add; element-wise work, the input embedder, MSA module, atom encoder and sampler not "
             "counted; N unpadded "
-            "(see `cpbench/flops.py`).", "",
+            "(see `cpbench/models/pairformer/flops.py`).", "",
             md_table(frame, list(frame.columns), {f"GFLOP per block at N={n_max}": _sig(4), "share": _pct}), "",
             "Step FLOPs: " + "; ".join(bases) + ". TFLOP/s/GPU = the step's Pairformer model FLOPs / time / cp, "
             "the time being the measured trunk stage for inference where the adapter reports it (it also holds "

@@ -29,7 +29,7 @@ from cpbench.models.pairformer.modules.trunk import PairformerTrunk
 from cpbench.models.pairformer.ops import sdpa_lse
 from cpbench.models.pairformer.parallel import comm
 from cpbench.models.pairformer.parallel.layout import Layout, layout_from_mesh
-from cpbench.models.pairformer.parallel.padding import padding_unit
+from cpbench.models.pairformer.parallel.padding import token_multiple
 from cpbench.models.pairformer.stage_timer import StageTimer, now_s
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
@@ -102,13 +102,13 @@ class PairformerAdapter:
         return model
 
     def build_batch(self, N: int, n_atoms: int, S: int, mesh: Any, device: torch.device) -> dict[str, torch.Tensor]:
-        """Global synthetic features, padded to a multiple of the CP size (``padding.padding_unit``);
+        """Global synthetic features, padded to a multiple of the CP size (``padding.token_multiple``);
         of the O(S·N) MSA features (``msa``, ``has_deletion``, ``deletion_value``, ``msa_mask``)
         each rank keeps only its own token columns, ``[S, N/P]``."""
         layout = layout_from_mesh(mesh)
         generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,))))
         feats = make_synthetic_features(N, n_atoms, S, generator)
-        padded, _ = pad_features(feats, units=layout.units, token_multiple=padding_unit(layout.units, torch.device(device)))
+        padded, _ = pad_features(feats, units=layout.units, token_multiple=token_multiple(layout.units, torch.device(device)))
         cols = layout.rows(padded["token_mask"].shape[0])
         for key in MSA_KEYS:
             padded[key] = padded[key][:, cols].contiguous()

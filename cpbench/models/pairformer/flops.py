@@ -18,7 +18,7 @@ Counts follow the AF3 / Boltz-2 Pairformer block (AF3 Algorithms 11-15, 24) at t
   reference trunk checkpoints nested (``trunk.py``, ``block.py``), each block recomputed in
   backward and each op inside that recompute recomputed once more, so
   ``RECOMPUTE_PASSES = 2`` and the hardware executes 5x forward per checkpointed gradient pass
-  (``step_flops(...)["hardware"]``; ``tests/test_flops.py`` checks the recompute against torch's
+  (``step_flops(...)["hardware"]``; ``tests/*/test_flops.py`` checks the recompute against torch's
   FLOP counter). Attention backward is counted at 2x its forward, as for any matmul.
 
 Example::

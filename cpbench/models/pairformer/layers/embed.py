@@ -1,6 +1,6 @@
 """Input embedding of the trunk: token features and relative position encoding (AF3 Alg. 1-3).
 
-``s_inputs`` (AF3's per-token input features; the atom encoder of issue 4 adds to it) is O(N)
+``s_inputs`` (AF3's per-token input features; the atom encoder adds to it) is O(N)
 and computed globally on every rank; the pair init ``z_ij = W_i s_inputs_i + W_j s_inputs_j +
 relpos(i, j)`` is computed only for the rows a rank holds, so no rank ever builds a global
 ``N x N x c`` tensor. The relative position one-hots (AF3 Alg. 3, 139 channels) are never

@@ -5,7 +5,7 @@ incoming triangle multiplication, back before the starting-node attention, again
 ending-node attention, back after the pair transition), two chunked all-gathers of a triangle
 operand, two all-gathers of a triangle bias, and the single attention's key/value all-gather.
 Per rank that is about ``4·(P-1)/P·|z_local| + 2·(P-1)·|z_local| + 2·(P-1)/P·N²·heads_tri``
-elements: O(N²·c_z) whatever P (the 2d layout of issue 6 cuts it to O(N²·c_z/√P)).
+elements: O(N²·c_z) whatever P (the 2d layout cuts it to O(N²·c_z/√P)).
 """
 
 from __future__ import annotations

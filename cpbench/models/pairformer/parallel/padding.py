@@ -1,7 +1,7 @@
 """Padding and masks: N is padded to a multiple of the CP size; padded tokens are masked.
 
 The features themselves are padded by ``cpbench.data.sharding.pad_features`` (with
-``token_multiple=padding_unit(...)``); this module owns what the trunk derives from the mask.
+``token_multiple=token_multiple(...)``); this module owns what the trunk derives from the mask.
 
 The pair mask is the outer product of the token mask (as in AF3 / Boltz-2), so the only mask
 an op needs is the global token mask ``[N_pad]`` (O(N), replicated on every rank).
@@ -18,7 +18,7 @@ import torch
 MASKED_LOGIT = -1.0e9
 
 
-def padding_unit(cp: int, device: torch.device) -> int:
+def token_multiple(cp: int, device: torch.device) -> int:
     """Tokens are padded to a multiple of this: the CP size, and on CUDA also 16, since the
     fused attention kernels pad a misaligned bias (a copy of the whole N x N x heads bias)."""
     return math.lcm(cp, 16) if device.type == "cuda" else cp

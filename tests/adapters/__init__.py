@@ -1,1 +1,0 @@
-"""Test adapters: small CP workloads that fail on purpose (tests only, never in the package)."""

@@ -1,0 +1,53 @@
+"""``python -m cpbench`` end to end: multiruns leave a row per point, failures included."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pandas as pd
+from helpers.run import fault_model, run_cpbench
+
+from cpbench.results import iter_results
+
+HAS_REPORT = importlib.util.find_spec("cpbench.report") is not None
+
+
+def test_timing_multirun_of_the_reference_trunk_leaves_8_ok_results(timing_multirun):
+    records = [r for _, r in iter_results(timing_multirun)]
+    assert len(records) == 8
+    assert all(r["status"] == "ok" for r in records), [(r["point"], r["message"]) for r in records]
+    points = {(r["point"]["workflow"], r["point"]["cp"], r["point"]["N"]) for r in records}
+    assert points == {(w, cp, n) for w in ("inference", "training") for cp in (1, 2) for n in (32, 48)}
+    assert all(r["median_ms"] > 0 and len(r["times_ms"]) == 5 for r in records)
+    training = [r for r in records if r["point"]["workflow"] == "training"]
+    assert all(isinstance(r["loss"], float) for r in training)
+
+
+def test_sweep_with_one_failing_point_keeps_every_other_row(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = run_cpbench(["-m", "device=cpu", "cp=1,2", "N=32,64", "routine=timing", *fault_model("exit", 48),
+                        f"hydra.sweep.dir={sweep}", "report.out=docs/cp_benchmark.md"], cwd=tmp_path, timeout_s=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    by_point = {(r["point"]["cp"], r["point"]["N"]): r for _, r in iter_results(sweep)}
+    assert set(by_point) == {(1, 32), (1, 64), (2, 32), (2, 64)}
+    assert by_point[(2, 64)]["status"] == "error" and "exited with code 3" in by_point[(2, 64)]["message"]
+    assert all(r["status"] == "ok" for k, r in by_point.items() if k != (2, 64))
+    assert "[4/4]" in proc.stdout + proc.stderr  # the sweep's progress count
+    if HAS_REPORT:
+        table = pd.read_csv(sweep / "cp_benchmark.csv")
+        assert len(table) >= 4
+        assert (tmp_path / "docs" / "cp_benchmark.md").exists()  # report.out, relative to the launch dir
+
+
+def test_cp_beyond_the_local_gpus_is_a_row_in_a_sweep_and_an_error_alone(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = run_cpbench(["-m", "device=cuda", "cp=1,2", "routine=timing", "N=32", *fault_model("none"),
+                        f"hydra.sweep.dir={sweep}", "report.out=null"], cwd=tmp_path, timeout_s=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [r for _, r in iter_results(sweep)]
+    assert len(records) == 2 and all(r["status"] == "insufficient_gpus" for r in records)
+
+    alone = run_cpbench(["device=cuda", "cp=2", "routine=timing", "N=32", *fault_model("none"),
+                         f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path, timeout_s=120)
+    assert alone.returncode == 2
+    assert alone.stderr.strip().startswith("cpbench: error: cp=2:") and len(alone.stderr.strip().splitlines()) == 1

@@ -1,0 +1,61 @@
+"""Fault injection with real worker processes (gloo, CPU): one bad rank never hangs a probe.
+
+The test adapter's rank 1 alone fails above N=48 (CUDA OOM / sleeps for ever / exits with
+code 3) while rank 0 waits in the step's all-reduce. Each probe must finish in bounded time
+with max N = 48 and the right cause recorded for the failing point.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from helpers.run import compose_point, fault_model
+
+from cpbench.harness.runner import PointRun, Runner
+from cpbench.harness.slots import SupervisorGroup, discover_slots
+from cpbench.routines.probe import Probe
+
+POINT_TIMEOUT_S = 8.0
+
+
+def fault_runner(fault: str) -> tuple:
+    point = compose_point("device=cpu", "cp=2", *fault_model(fault, threshold_n=48))
+    point = replace(point, probe=replace(point.probe, start=16, granularity=16, timeout_s=POINT_TIMEOUT_S))
+    slots = discover_slots(point.cp, point.device)
+    return point, Runner(point, slots, SupervisorGroup(slots))
+
+
+@pytest.mark.parametrize("fault, status, cause", [
+    ("oom", "oom", "OutOfMemoryError"),
+    ("hang", "timeout", "still running"),
+    ("exit", "error", "exited with code 3"),
+])
+def test_probe_survives_one_failing_rank(fault, status, cause):
+    point, runner = fault_runner(fault)
+    out = Probe(point, runner, None, "sig").run()
+    assert out["max_n"] == 48 and out["first_fail_n"] == 64
+    assert [(p["N"], p["fits"]) for p in out["points"]] == [(16, True), (32, True), (64, False), (48, True)]
+    failing = out["points"][2]
+    assert failing["status"] == status and cause in failing["message"]
+    assert out["first_fail_status"] == status
+    if fault != "hang":  # a failure is agreed after a short grace, far before the point timeout
+        assert failing["seconds"] < POINT_TIMEOUT_S
+    assert all(len(p["peak_alloc_gib"]) == 2 for p in out["points"])
+
+
+def test_oom_on_rank_1_is_the_cause_even_when_rank_0_errors_in_its_collective():
+    point, runner = fault_runner("oom")
+    result = runner.run(PointRun(N=64, n_atoms=512, S=4, timeout_s=POINT_TIMEOUT_S))
+    assert result.status == "oom" and result.message.startswith("rank 1:")
+    assert result.ranks[1]["status"] == "oom"
+    assert result.ranks[0]["status"] != "ok"  # it never completed the all-reduce
+
+
+def test_a_timed_out_timing_point_says_how_far_it_got():
+    """Rank 1 finishes two steps, then hangs: the timeout verdict reports those two steps."""
+    point, runner = fault_runner("hang_later")
+    result = runner.run(PointRun(N=64, n_atoms=512, S=4, timeout_s=POINT_TIMEOUT_S, warmup=3, repeats=5))
+    assert result.status == "timeout"
+    assert "after 2 steps (warmup" in result.message, result.message
+    assert all(len(r["progress"]["warmup_ms"]) == 2 for r in result.ranks), result.ranks

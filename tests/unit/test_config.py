@@ -1,0 +1,84 @@
+"""Config validation: auto values, mesh and padding unit, and one-line errors before any job."""
+
+from __future__ import annotations
+
+import pytest
+from helpers.run import compose_cfg, fault_model, run_cpbench
+
+from cpbench.config import ConfigError, check_group_choices, resolve_point, weak_n
+
+
+def test_cpu_auto_values_follow_the_config_comments():
+    point = resolve_point(compose_cfg("device=cpu", "model=tiny"))
+    assert point.cp == 2 and point.device == "cpu"
+    assert point.probe.start == 32 and point.probe.granularity == 64
+    assert point.memory_limit_gib == 0.125
+    assert point.probe.depth == 2  # inference: 2 blocks (run_blocks also shortens the adapter's sampler)
+    assert point.N_atoms == 8 * point.N
+
+
+def test_inference_depth_is_two_blocks_and_training_depth_is_all():
+    assert resolve_point(compose_cfg("device=cpu", "model=boltz2")).probe.depth == 2
+    assert resolve_point(compose_cfg("device=cpu", "model=boltz2", "workflow=training")).probe.depth is None
+
+
+def test_2d_mesh_is_most_square_and_granularity_is_a_multiple_of_the_padding_unit():
+    point = resolve_point(compose_cfg("device=cpu", "model=tiny", "topology=2d", "cp=8", "probe.granularity=10"))
+    assert point.mesh_shape == (2, 4) and point.mesh_dim_names == ("cp0", "cp1")
+    assert point.padding_unit == 4 and point.probe.granularity == 12 and point.probe.start % 4 == 0
+    point = resolve_point(compose_cfg("device=cpu", "model=tiny", "topology=2d", "cp=6", "topology.cp0=3"))
+    assert point.mesh_shape == (3, 2) and point.padding_unit == 6
+
+
+def test_1d_padding_unit_is_cp():
+    point = resolve_point(compose_cfg("device=cpu", "model=tiny", "cp=3", "probe.start=10"))
+    assert point.padding_unit == 3 and point.probe.start == 12
+    point = resolve_point(compose_cfg("device=cpu", "model=tiny", "cp=3", "probe.start=12", "probe.depth_check_n=4"))
+    assert point.probe.depth_check_n == 6  # rounded up to the padding unit like every probe N
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (("topology=2d", "cp=4", "topology.cp0=3"), "topology.cp0"),
+    (("cp=4", "N=3"), "N"),
+    (("timing.warmup=2",), "timing.warmup"),
+    (("timing.repeats=4",), "timing.repeats"),
+    (("routine=walltime",), "routine"),
+    (("dtype=fp16",), "dtype"),
+    (("probe.growth=1",), "probe.growth"),
+    (("probe.start=64", "probe.depth_check_n=128"), "probe.depth_check_n"),
+    (("probe.depth_check_n=0",), "probe.depth_check_n"),
+    (("memory.limit_gib=-1",), "memory.limit_gib"),
+    (("model=adapter",), "model._target_"),
+    (("model=adapter", "model._target_=no_such_pkg.Adapter"), "model._target_"),
+])
+def test_invalid_value_names_its_key(overrides, key):
+    with pytest.raises(ConfigError) as err:
+        resolve_point(compose_cfg("device=cpu", "model=tiny", *overrides))
+    assert err.value.key == key
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_group_option_lists_the_allowed_ones():
+    with pytest.raises(ConfigError, match=r"^workflow=serving: one of inference, training$"):
+        check_group_choices(["workflow=inference,serving"])
+
+
+def test_weak_scaling_n_is_a_multiple_of_128():
+    assert weak_n(2048, 1) == 2048 and weak_n(2048, 4) == 4096 and weak_n(2048, 2) % 128 == 0
+    assert resolve_point(compose_cfg("device=cpu", "model=tiny", "sweep=weak", "cp=4")).N == 4096
+
+
+@pytest.mark.parametrize("args, key", [
+    (["-m", "N=1,32", "cp=2"], "N=1"),
+    (["-m", "cp=2,3", "topology=2d", "topology.cp0=2", "N=64"], "topology.cp0=2"),  # cp=3 is the bad point
+    (["-m", "workflow=inference,serving"], "workflow=serving"),
+    (["timing.warmup=1"], "timing.warmup=1"),
+])
+def test_cli_config_error_is_one_line_exit_2_and_no_job_starts(tmp_path, args, key):
+    proc = run_cpbench([*args, "device=cpu", *fault_model("none"), f"hydra.sweep.dir={tmp_path}/sweep",
+                        f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path, timeout_s=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"cpbench: error: {key}"), proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert not list(tmp_path.rglob("result.json"))
