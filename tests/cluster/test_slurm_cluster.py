@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from helpers.run import REPO_ROOT, fault_model
 
 pytestmark = pytest.mark.slurm

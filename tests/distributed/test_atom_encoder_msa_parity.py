@@ -15,8 +15,6 @@ import os
 
 import pytest
 import torch
-from helpers.dist import run_distributed
-from helpers.parity import msa_module_case, rel_error
 
 from cpbench.data.sharding import pad_features
 from cpbench.data.synthetic import make_synthetic_features
@@ -26,6 +24,9 @@ from cpbench.models.pairformer.modules.atom_encoder import AtomAttentionEncoder
 from cpbench.models.pairformer.modules.msa_module import MsaModule
 from cpbench.models.pairformer.parallel import chunking, comm
 from cpbench.models.pairformer.parallel.layout import layout_1d, serial_layout
+
+from helpers.dist import run_distributed
+from helpers.parity import msa_module_case, rel_error
 
 N, N_ATOMS, S = 13, 70, 6
 C_S, C_Z, C_ATOM, C_ATOMPAIR, ATOM_BLOCKS, ATOM_HEADS = 16, 8, 8, 4, 2, 2

@@ -15,8 +15,6 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from helpers.dist import run_distributed
-from helpers.parity import TOL, block_cases, op_case, record_trained_param_errors, record_trunk_grad_errors, rel_error
 from torch.distributed.device_mesh import init_device_mesh
 
 from cpbench.models.pairformer.adapter import PairformerAdapter, all_reduce_grads, trunk_loss
@@ -24,6 +22,9 @@ from cpbench.models.pairformer.ops.triangle_product import triangle_product
 from cpbench.models.pairformer.parallel import chunking, comm
 from cpbench.models.pairformer.parallel.layout import layout_from_mesh
 from cpbench.models.pairformer.parallel.ring import RingWalk
+
+from helpers.dist import run_distributed
+from helpers.parity import TOL, block_cases, op_case, record_trained_param_errors, record_trunk_grad_errors, rel_error
 
 N, N_MAX_PAD = 13, 16
 C_S, C_Z, HEADS_S, HEADS_T, HEAD_DIM, FACTOR = 16, 8, 2, 2, 4, 2

@@ -2,11 +2,12 @@
 
 import torch
 import torch.nn.functional as F
-from helpers.dist import run_distributed
 
 from cpbench.data.sharding import pad_features, shard_features, token_range, units_for_mesh
 from cpbench.data.synthetic import MSA_KEYS, make_synthetic_features
 from cpbench.data.vocab import GAP_INDEX
+
+from helpers.dist import run_distributed
 
 N, N_ATOMS, S, SEED = 301, 2400, 6, 5  # N not divisible by the world size
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.dist import run_distributed
-from helpers.parity import rel_error
 from torch.distributed.device_mesh import init_device_mesh
 
 from cpbench.data.sharding import pad_features
@@ -24,6 +22,9 @@ from cpbench.models.pairformer.modules.diffusion import DiffusionModule
 from cpbench.models.pairformer.modules.sampler import sample
 from cpbench.models.pairformer.parallel import chunking
 from cpbench.models.pairformer.parallel.layout import layout_1d, layout_from_mesh, serial_layout
+
+from helpers.dist import run_distributed
+from helpers.parity import rel_error
 
 N, N_ATOMS, C_S, C_Z = 13, 60, 16, 8
 SIZES = dict(c_token=16, blocks=2, heads=2, c_atom=8, c_atompair=4, atom_blocks=2, atom_heads=2, c_fourier=8)

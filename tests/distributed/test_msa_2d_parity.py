@@ -16,8 +16,6 @@ import os
 
 import pytest
 import torch
-from helpers.dist import run_distributed
-from helpers.parity import msa_module_case, rel_error
 from torch.distributed.device_mesh import init_device_mesh
 
 from cpbench.data.sharding import pad_features
@@ -26,6 +24,9 @@ from cpbench.models.pairformer.adapter import PairformerAdapter, all_reduce_grad
 from cpbench.models.pairformer.modules.msa_module import MsaModule
 from cpbench.models.pairformer.parallel import chunking, comm
 from cpbench.models.pairformer.parallel.layout import layout_from_mesh, serial_layout
+
+from helpers.dist import run_distributed
+from helpers.parity import msa_module_case, rel_error
 
 N, N_ATOMS, S = 13, 40, 6
 C_S, C_Z = 16, 8

@@ -5,9 +5,10 @@ from __future__ import annotations
 import importlib.util
 
 import pandas as pd
-from helpers.run import fault_model, run_cpbench
 
 from cpbench.results import iter_results
+
+from helpers.run import fault_model, run_cpbench
 
 HAS_REPORT = importlib.util.find_spec("cpbench.report") is not None
 

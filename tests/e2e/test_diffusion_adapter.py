@@ -5,11 +5,12 @@ sampler."""
 from __future__ import annotations
 
 import torch
-from helpers.run import compose_cfg
 from omegaconf import OmegaConf
 
 from cpbench.models.api import load_adapter
 from cpbench.models.pairformer.adapter import PairformerAdapter
+
+from helpers.run import compose_cfg
 
 TINY = dict(c_s=16, c_z=8, blocks=2, heads_single=2, heads_tri=2, head_dim_tri=4, transition_factor=2,
             c_atom=8, c_atompair=4, atom_blocks=1, atom_heads=2, c_m=4, msa_blocks=1)

@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from helpers.run import compose_point, fault_model
 
 from cpbench.harness.runner import PointRun, Runner
 from cpbench.harness.slots import SupervisorGroup, discover_slots
 from cpbench.routines.probe import Probe
+
+from helpers.run import compose_point, fault_model
 
 POINT_TIMEOUT_S = 8.0
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from helpers.run import fault_model, run_cpbench
-
 from cpbench.results import read_json
+
+from helpers.run import fault_model, run_cpbench
 
 
 def test_resume_runs_only_the_missing_point(tmp_path):

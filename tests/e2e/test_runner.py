@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import sys
 
-from helpers.run import fault_model, run_command
-
 from cpbench.harness.runner import verdict
 from cpbench.harness.slots import discover_slots, free_port
 from cpbench.results import read_json
+
+from helpers.run import fault_model, run_command
 
 
 def test_local_slots_own_every_rank(monkeypatch):

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from helpers.run import fault_model, run_cpbench
-
 from cpbench.results import read_json
 from cpbench.routines.timing import summarize_times
+
+from helpers.run import fault_model, run_cpbench
 
 
 def test_iteration_time_is_the_slowest_rank():

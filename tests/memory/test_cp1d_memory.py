@@ -5,11 +5,12 @@ accounting, ``torch.distributed._tools.mem_tracker.MemTracker``, on CPU)."""
 from __future__ import annotations
 
 import torch
-from helpers.dist import run_distributed
-from helpers.parity import peak_bytes
 
 from cpbench.models.pairformer.modules.block import PairformerBlock
 from cpbench.models.pairformer.parallel.layout import layout_1d, serial_layout
+
+from helpers.dist import run_distributed
+from helpers.parity import peak_bytes
 
 N, C_S, C_Z = 128, 32, 32  # pair shard 2 MiB at cp=1 (fp32) vs ~0.2 MiB of weights
 

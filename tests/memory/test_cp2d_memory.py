@@ -5,12 +5,13 @@ accounting, ``torch.distributed._tools.mem_tracker.MemTracker``, on CPU, as the 
 from __future__ import annotations
 
 import torch
-from helpers.dist import run_distributed
-from helpers.parity import peak_bytes
 from torch.distributed.device_mesh import init_device_mesh
 
 from cpbench.models.pairformer.modules.block import PairformerBlock
 from cpbench.models.pairformer.parallel.layout import layout_from_mesh, serial_layout
+
+from helpers.dist import run_distributed
+from helpers.parity import peak_bytes
 
 N, C_S, C_Z = 128, 32, 32  # pair tensor 2 MiB at cp=1 (fp32), 0.5 MiB tiles on 2x2, ~0.2 MiB of weights
 

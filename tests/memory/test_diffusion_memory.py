@@ -6,13 +6,14 @@ torch's own accounting, ``torch.distributed._tools.mem_tracker.MemTracker``, on 
 from __future__ import annotations
 
 import torch
-from helpers.dist import run_distributed
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from cpbench.data.sharding import pad_features
 from cpbench.data.synthetic import make_synthetic_features
 from cpbench.models.pairformer.modules.diffusion import DiffusionModule
 from cpbench.models.pairformer.parallel.layout import layout_1d, serial_layout
+
+from helpers.dist import run_distributed
 
 N, C_S, C_Z = 256, 16, 32  # pair shard 8 MiB at cp=1 (fp32); weights and atom terms far smaller
 # 4 token blocks x 16 heads = 64 bias channels: one N x N x (layers·heads) tensor would be 2x the pair.

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from helpers.run import compose_point
-
 from cpbench.harness.memory import MEASURE_CPU
 from cpbench.harness.runner import Runner
 from cpbench.harness.slots import SupervisorGroup, discover_slots
 from cpbench.routines.probe import Probe
 from cpbench.routines.timing import run_timing
+
+from helpers.run import compose_point
 
 GROWING = ["model=adapter", "model._target_=tests.helpers.faults.GrowingAdapter"]
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from helpers.run import compose_cfg, fault_model, run_cpbench
 
 from cpbench.config import ConfigError, check_group_choices, resolve_point, weak_n
+
+from helpers.run import compose_cfg, fault_model, run_cpbench
 
 
 def test_cpu_auto_values_follow_the_config_comments():

@@ -9,12 +9,12 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from helpers.run import compose_point
-
 from cpbench.harness.runner import PointResult
 from cpbench.harness.slots import Slots, SupervisorGroup
 from cpbench.results import read_json
 from cpbench.routines.probe import Probe
+
+from helpers.run import compose_point
 
 
 class ScriptedRunner:

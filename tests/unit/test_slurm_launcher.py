@@ -15,10 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers.run import REPO_ROOT, fault_model
-
 from cpbench.sweep.resources import JobResources, resources_for
 from cpbench.sweep.slurm_state import StateReader
+
+from helpers.run import REPO_ROOT, fault_model
 
 FAKE_SBATCH = """#!/usr/bin/env bash
 # Keeps the submitted script and answers like sbatch.
@@ -165,6 +165,7 @@ def test_job_killed_at_time_limit_becomes_timeout_row_with_its_measured_points(t
 
     from cpbench.sweep import collect
     from cpbench.sweep.slurm_state import SlurmState
+
     from helpers.run import compose_cfg
 
     out_dir = tmp_path / "sweep" / "3"
