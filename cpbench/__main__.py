@@ -16,7 +16,8 @@ import hydra
 from omegaconf import DictConfig
 
 from cpbench.config import ConfigError, check_group_choices, register_resolvers
-from cpbench.job import run_job, summary
+from cpbench.job import run_job
+from cpbench.results import summary
 
 register_resolvers()
 
