@@ -2,8 +2,8 @@
 
 Everything a user can get wrong is checked here, before any job starts, and reported as one
 line ``cpbench: error: <key>=<value>: <what is allowed>`` (``ConfigError``). Auto values
-(``cp``, ``device``, ``probe.start``, ``probe.granularity``, ``probe.depth``,
-``memory.limit_gib``) are resolved here, and so are the mesh shape and the padding unit:
+(``cp``, ``device``, ``probe.start``, ``probe.granularity``, ``probe.depth``, ``probe.strategy``,
+``probe.verify``, ``memory.limit_gib``) are resolved here, and so are the mesh shape and the padding unit:
 
 * topology 1d: mesh ``("cp",)`` of shape ``(cp,)``; every sharded axis is padded to ``cp``.
 * topology 2d: mesh ``("cp0", "cp1")`` of shape ``(cp0, cp1)``, ``cp0`` the most square
@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cpbench.data.real import resolve_input_sizes
 from cpbench.models.api import AdapterError, import_target
+from cpbench.models.pairformer.ops import kernels
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 # Config groups whose option is a file under conf/<group>/; checked before Hydra composes so
@@ -46,6 +47,9 @@ AUTO_GRANULARITY = {"cuda": 128, "cpu": 64}
 AUTO_LIMIT_GIB = {"cuda": None, "cpu": 0.125}  # probe only: a CPU timing point runs uncapped
 AUTO_CP_ON_CPU = 2
 AUTO_INFERENCE_DEPTH = 2
+PROBE_STRATEGIES = ("auto", "bisect", "predict")
+AUTO_PROBE_STRATEGY = {"cuda": "predict", "cpu": "bisect"}
+AUTO_PROBE_VERIFY = {"cuda": True, "cpu": False}
 MIN_WARMUP = 3
 MIN_REPEATS = 5
 
@@ -74,6 +78,8 @@ class ProbeSettings:
     max_points: int
     budget_s: float | None = None  # no new probe point starts after this many seconds of the probe
     depth_check_n: int | None = None  # N of the depth check; None = the first point (start)
+    strategy: str = "bisect"  # "bisect" (ramp, then bisect) | "predict" (fit cheap points, bisect a bracket)
+    verify: bool = False      # re-run max_n and the first failing N after the search
 
 
 @dataclass(frozen=True)
@@ -273,6 +279,8 @@ def resolve_point(cfg: DictConfig) -> Point:
         raise ConfigError("model._target_", model.get("_target_") if isinstance(model, dict) else model,
                           "a class or module with build_model, build_batch, run_step (model=adapter model._target_=pkg.Cls)")
     _check_importable(str(model["_target_"]))
+    if model.get("kernels") is not None:
+        _check_kernels(str(model["kernels"]), device)
 
     probe_cfg = data.get("probe") or {}
     timing_cfg = data.get("timing") or {}
@@ -331,8 +339,24 @@ def _probe_settings(probe: dict, device: str, unit: int, train: bool, model: dic
         depth=depth, max_points=_int("probe.max_points", probe.get("max_points"), 2, "an integer >= 2"),
         budget_s=None if probe.get("budget_s") is None
         else _positive_float("probe.budget_s", probe.get("budget_s"), "null or seconds > 0"),
-        depth_check_n=check_n,
+        depth_check_n=check_n, strategy=_probe_strategy(probe.get("strategy", "auto"), device),
+        verify=_probe_verify(probe.get("verify", "auto"), device),
     )
+
+
+def _probe_strategy(value: Any, device: str) -> str:
+    """``probe.strategy``: auto -> predict on cuda, bisect on cpu."""
+    strategy = _choice("probe.strategy", value, PROBE_STRATEGIES)
+    return AUTO_PROBE_STRATEGY[device] if strategy == "auto" else strategy
+
+
+def _probe_verify(value: Any, device: str) -> bool:
+    """``probe.verify``: auto -> true on cuda, false on cpu; else true or false."""
+    if value == "auto":
+        return AUTO_PROBE_VERIFY[device]
+    if not isinstance(value, bool):
+        raise ConfigError("probe.verify", value, "auto, true or false")
+    return value
 
 
 def _check_importable(target: str) -> None:
@@ -341,6 +365,16 @@ def _check_importable(target: str) -> None:
         import_target(target)
     except AdapterError as exc:
         raise ConfigError("model._target_", target, str(exc).split(": ", 1)[-1]) from None
+
+
+def _check_kernels(name: str, device: str) -> None:
+    """``model.kernels`` names a backend this device can run (``cueq`` needs its package)."""
+    import torch
+
+    try:
+        kernels.resolve(name, torch.device(device))
+    except kernels.KernelError as exc:
+        raise ConfigError("model.kernels", name, str(exc).split(": ", 1)[-1]) from None
 
 
 def cpu_default_model(cfg: DictConfig, model_choice: str | None, overrides: list[str]) -> str | None:

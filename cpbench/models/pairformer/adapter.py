@@ -26,6 +26,7 @@ from cpbench.data.synthetic import MSA_KEYS, make_synthetic_features
 from cpbench.models.pairformer.modules.diffusion import BOLTZ2_SIZES, DiffusionModule
 from cpbench.models.pairformer.modules.sampler import sample
 from cpbench.models.pairformer.modules.trunk import PairformerTrunk
+from cpbench.models.pairformer.ops import kernels as ops_kernels
 from cpbench.models.pairformer.ops import sdpa_lse
 from cpbench.models.pairformer.parallel import comm
 from cpbench.models.pairformer.parallel.layout import Layout, layout_from_mesh
@@ -73,7 +74,7 @@ class PairformerAdapter:
                  dtype: str = "bf16", recycles: int = 0, checkpointing: bool = False, lr: float = 1e-4,
                  c_atom: int = 128, c_atompair: int = 16, atom_blocks: int = 3, atom_heads: int = 4,
                  c_m: int = 64, msa_blocks: int = 4, sampling: bool = False, sampling_steps: int = 200,
-                 samples: int = 5, diffusion: dict | None = None) -> None:
+                 samples: int = 5, diffusion: dict | None = None, kernels: str = "auto") -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r}: allowed {sorted(DTYPES)}")
         self.sizes = dict(c_s=c_s, c_z=c_z, blocks=blocks, heads_single=heads_single, heads_tri=heads_tri,
@@ -87,10 +88,15 @@ class PairformerAdapter:
         if self.sampling and (self.sampling_steps < 1 or self.samples < 1):
             raise ValueError(f"sampling_steps={sampling_steps}, samples={samples}: both must be >= 1 with sampling")
         self.diffusion_sizes = {**BOLTZ2_SIZES, **dict(diffusion or {})}
+        if kernels not in ops_kernels.KERNELS:
+            raise ValueError(f"kernels={kernels!r}: allowed {', '.join(ops_kernels.KERNELS)}")
+        self.kernels = kernels
         self._stats: dict[str, Any] = {}
 
     def build_model(self, mesh: Any, device: torch.device) -> nn.Module:
-        """The trunk with the same global weights at any cp, in the compute dtype on ``device``."""
+        """The trunk with the same global weights at any cp, in the compute dtype on ``device``;
+        selects this process's kernel backend (``ops/kernels.py``)."""
+        ops_kernels.select(self.kernels, torch.device(device))
         model = PairformerTrunk(**self.sizes).to(device=device, dtype=self.dtype)
         model.layout = layout_from_mesh(mesh)
         model.optimizer = None  # created at the first training step (AdamW states count in its peak)
@@ -171,6 +177,8 @@ class PairformerAdapter:
             "stage_ms": stage_ms,
             "comm_bytes_per_block": max(model.block_comm_bytes, default=0),
             "comm_bytes_step": comm.BYTES.sent_b,
+            "kernels": ops_kernels.active(),
+            "compile_s": round(ops_kernels.compile_seconds(), 3),
         }
         if sdpa_lse.kernel_in_use() is not None:  # CUDA, ops that merge attention pieces (2d)
             self._stats["attention_lse_kernel"] = sdpa_lse.kernel_in_use()
@@ -181,6 +189,8 @@ class PairformerAdapter:
         ``comm_bytes_per_block`` (bytes this rank sent in one block's forward) and
         ``comm_bytes_step`` (the whole step, backward and gradient all-reduce included); on CUDA,
         where attention pieces were merged (2d), ``attention_lse_kernel`` (``cudnn`` or
-        ``efficient``, see ``sdpa_lse``)."""
+        ``efficient``, see ``sdpa_lse``); ``kernels`` (the backend that ran: ``torch``, ``flex`` or
+        ``cueq``) and ``compile_s`` (wall seconds of ``torch.compile`` in this process so far: the
+        first calls, which the timing's warmup absorbs)."""
         return dict(self._stats)
 

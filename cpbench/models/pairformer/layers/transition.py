@@ -6,10 +6,10 @@ Pointwise over tokens / pairs, so every layout runs it on its local shard withou
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from cpbench.models.pairformer.ops.fused import swiglu_transition
 from cpbench.models.pairformer.parallel import chunking
 
 
@@ -28,8 +28,7 @@ class Transition(nn.Module):
         self.proj_out = nn.Linear(factor * c, c, bias=False)
 
     def _update(self, x: torch.Tensor) -> torch.Tensor:
-        a, b = self.proj_in(self.norm(x)).chunk(2, dim=-1)
-        return self.proj_out(F.silu(a) * b)
+        return swiglu_transition(x, self.norm.weight, self.norm.bias, self.proj_in.weight, self.proj_out.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         per_row_b = x[0].numel() * x.element_size() * (2 + 3 * self.proj_out.in_features // x.shape[-1])

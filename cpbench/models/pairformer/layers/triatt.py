@@ -12,10 +12,11 @@ as ``attn_mask``. 1d: each rank projects the bias of its own rows and all-gather
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from cpbench.models.pairformer.ops.biased_attention import biased_attention
+from cpbench.models.pairformer.ops.fused import gated_output, norm_linear
 from cpbench.models.pairformer.ops.triangle_attention_2d import triangle_attention_2d
 from cpbench.models.pairformer.parallel import chunking, comm
 from cpbench.models.pairformer.parallel.layout import TWO_D, Layout
@@ -40,36 +41,33 @@ class TriangleAttention(nn.Module):
         self.out = nn.Linear(heads * head_dim, c_z, bias=False)
 
     def _bias(self, z: torch.Tensor, token_mask: torch.Tensor, layout: Layout) -> torch.Tensor:
-        """The global bias ``[1, heads, N, N]`` (query pos, key pos) + key mask, from ``z`` rows."""
+        """The global bias ``[heads, N, N]`` (query pos, key pos) + key mask, from ``z`` rows."""
         n_local, n_pad, c_z = z.shape
         if torch.is_grad_enabled():
-            local = self.bias_proj(self.norm(z))
+            local = self._norm_linear(z, self.bias_proj)
         else:
             local = z.new_empty((n_local, n_pad, self.heads))
             rc = chunking.rows_per_chunk(n_local, n_pad * 2 * c_z * z.element_size(), chunking.budget_bytes(z))
             for rs in chunking.slices(n_local, rc):
-                local[rs] = self.bias_proj(self.norm(z[rs]))
+                local[rs] = self._norm_linear(z[rs], self.bias_proj)
         full = comm.all_gather_rows(local.contiguous(), layout)  # [N, N, heads]
         # contiguous: the permuted sum keeps a head stride of 1, and CUDA's memory-efficient SDPA
         # needs a unit last-dim stride; otherwise it falls back to the math kernel, which
         # materialises [rows, heads, N, N] logits (128 GiB at N=2048).
         if torch.is_grad_enabled():
-            return (full.permute(2, 0, 1) + key_bias(token_mask, z.dtype)).contiguous().unsqueeze(0)
-        return full.permute(2, 0, 1).contiguous().add_(key_bias(token_mask, z.dtype)).unsqueeze(0)  # one copy
+            return (full.permute(2, 0, 1) + key_bias(token_mask, z.dtype)).contiguous()
+        return full.permute(2, 0, 1).contiguous().add_(key_bias(token_mask, z.dtype))  # one copy
 
-    def _attend_rows(self, z_rows: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        return self._attend(self.norm(z_rows), bias)
+    def _norm_linear(self, z: torch.Tensor, proj: nn.Linear) -> torch.Tensor:
+        return norm_linear(z, self.norm.weight, self.norm.bias, proj.weight)
 
-    def _attend(self, zn: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """Rows ``zn: [r, N, c_z]`` -> update ``[r, N, c_z]``."""
-        r, n_pad, _ = zn.shape
+    def _attend(self, z_rows: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """Rows ``z_rows: [r, N, c_z]``, ``bias: [heads, N, N]`` -> update ``[r, N, c_z]``."""
+        r, n_pad, _ = z_rows.shape
         h, d = self.heads, self.head_dim
-        q, k, v, g = self.qkvg(zn).view(r, n_pad, 4, h, d).unbind(2)
-        o = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-            attn_mask=bias.expand(r, h, n_pad, n_pad))
-        o = o.transpose(1, 2) * torch.sigmoid(g)  # [r, N, h, d]
-        return self.out(o.reshape(r, n_pad, h * d))
+        q, k, v, g = self._norm_linear(z_rows, self.qkvg).view(r, n_pad, 4, h, d).unbind(2)
+        o = biased_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bias)
+        return gated_output(o.transpose(1, 2).reshape(r, n_pad, h * d), g.reshape(r, n_pad, h * d), self.out.weight)
 
     def forward(self, z: torch.Tensor, token_mask: torch.Tensor, layout: Layout) -> torch.Tensor:
         """Args: ``z: [N/P, N, c_z]``, ``token_mask: [N]`` bool. Returns ``[N/P, N, c_z]``."""
@@ -84,13 +82,13 @@ class TriangleAttention(nn.Module):
             per_row_b = (n_pad * (2 * c_z + 7 * h * d) + 3 * h * n_pad * n_pad) * z.element_size()
             rc = chunking.rows_per_chunk(n_local, per_row_b, chunking.budget_bytes(z))
             if rc >= n_local:
-                return z + self._attend_rows(z, bias)
+                return z + self._attend(z, bias)
             # Checkpointed row chunks: backward keeps z and the bias, recomputes one chunk at a time.
-            return z + torch.cat([checkpoint(self._attend_rows, z_rows, bias, use_reentrant=False)
+            return z + torch.cat([checkpoint(self._attend, z_rows, bias, use_reentrant=False)
                                   for z_rows in z.split(rc)])
         # Per row: normed z, q/k/v/g, output; the unfused CPU kernel also holds the logits.
         per_row = n_pad * (2 * c_z + 6 * h * d) + (0 if z.is_cuda else 2 * h * n_pad)
         rc = chunking.rows_per_chunk(n_local, per_row * z.element_size(), chunking.budget_bytes(z))
         for rs in chunking.slices(n_local, rc):
-            z[rs] += self._attend(self.norm(z[rs]), bias)
+            z[rs] += self._attend(z[rs], bias)
         return z

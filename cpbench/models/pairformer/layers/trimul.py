@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from cpbench.models.pairformer.ops.fused import triangle_operands, triangle_update
 from cpbench.models.pairformer.ops.triangle_product import CANNON_OPERAND_COPIES, triangle_product
 from cpbench.models.pairformer.parallel import chunking, comm
 from cpbench.models.pairformer.parallel.layout import TWO_D, Layout
@@ -41,9 +42,9 @@ class TriangleMultiplication(nn.Module):
         self.proj_out = nn.Linear(c_z, c_z, bias=False)
         self.gate_out = nn.Linear(c_z, c_z, bias=False)
 
-    def _operands(self, zn: torch.Tensor, mask: torch.Tensor, cs: slice) -> tuple[torch.Tensor, torch.Tensor]:
-        """Channels ``cs`` of the gated, masked (left, right) operands of rows ``zn: [r, N, c_z]``,
-        each ``[len(cs), r, N]``."""
+    def _operands(self, z: torch.Tensor, mask: torch.Tensor, cs: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """Channels ``cs`` of the gated, masked (left, right) operands of rows ``z: [r, N, c_z]``
+        (LayerNorm inside), each ``[len(cs), r, N]``."""
         c = self.proj_in.out_features // 2
         a_idx, b_idx = slice(cs.start, cs.stop), slice(c + cs.start, c + cs.stop)
         w = torch.cat([self.proj_in.weight[a_idx], self.proj_in.weight[b_idx],
@@ -51,16 +52,13 @@ class TriangleMultiplication(nn.Module):
         # Channel-first projection, ``[4k, r*N] = W @ zn^T``: the operands come out in the
         # ``[k, r, N]`` layout the product batches over. (Projecting to ``[r, N, 4k]`` and
         # permuting cost a transposing copy that took half of the op's GPU time.)
-        r, n = zn.shape[:2]
-        pa, pb, ga, gb = torch.matmul(w, zn.reshape(r * n, -1).t()).view(4, -1, r, n).unbind(0)
-        m = mask[..., 0]
-        a = pa * torch.sigmoid(ga) * m
-        b = pb * torch.sigmoid(gb) * m
+        a, b = triangle_operands(z, self.norm_in.weight, self.norm_in.bias, w, mask[..., 0])
         return (b, a) if self.incoming else (a, b)
 
-    def _update(self, x_rows: torch.Tensor, zn: torch.Tensor) -> torch.Tensor:
-        """Output stage for rows: ``x_rows: [r, N, c]``, ``zn: [r, N, c_z]`` -> ``[r, N, c_z]``."""
-        return self.proj_out(self.norm_out(x_rows)) * torch.sigmoid(self.gate_out(zn))
+    def _update(self, x_rows: torch.Tensor, z_rows: torch.Tensor) -> torch.Tensor:
+        """Output stage for rows: ``x_rows: [r, N, c]``, ``z_rows: [r, N, c_z]`` -> ``[r, N, c_z]``."""
+        return triangle_update(x_rows, z_rows, self.norm_out.weight, self.norm_out.bias, self.norm_in.weight,
+                               self.norm_in.bias, self.proj_out.weight, self.gate_out.weight)
 
     def forward(self, z: torch.Tensor, token_mask: torch.Tensor, layout: Layout) -> torch.Tensor:
         """Args: ``z: [N/P, N, c_z]``, ``token_mask: [N]`` bool. Returns ``[N/P, N, c_z]``."""
@@ -73,22 +71,21 @@ class TriangleMultiplication(nn.Module):
 
     def _product_chunk(self, z: torch.Tensor, mask: torch.Tensor, cs: slice, layout: Layout) -> torch.Tensor:
         """Channels ``cs`` of the triangle product: ``[len(cs), N/P, N]``."""
-        left, right = self._operands(self.norm_in(z), mask, cs)
+        left, right = self._operands(z, mask, cs)
         return triangle_product(left.contiguous(), right.contiguous(), layout)
 
     def _update_rows(self, x_rows: torch.Tensor, z_rows: torch.Tensor) -> torch.Tensor:
         """``x_rows: [c, r, N]``, ``z_rows: [r, N, c_z]`` -> update ``[r, N, c_z]``."""
-        return self._update(x_rows.permute(1, 2, 0), self.norm_in(z_rows))
+        return self._update(x_rows.permute(1, 2, 0), z_rows)
 
     def _forward_autograd(self, z: torch.Tensor, mask: torch.Tensor, layout: Layout) -> torch.Tensor:
         n_local, n_pad, c_z = z.shape
         pair_b = z.numel() * z.element_size()
         budget_b = chunking.budget_bytes(z)
         if 16 * pair_b <= budget_b:  # every activation of the op fits: no recompute
-            zn = self.norm_in(z)
-            left, right = self._operands(zn, mask, slice(0, c_z))
+            left, right = self._operands(z, mask, slice(0, c_z))
             x = triangle_product(left.contiguous(), right.contiguous(), layout)
-            return z + self._update(x.permute(1, 2, 0), zn)
+            return z + self._update(x.permute(1, 2, 0), z)
         # Checkpointed chunks: channels for the product, rows for the output stage, so backward
         # keeps z, x and one chunk's activations (~14 pair-sized tensors per channel otherwise).
         ck = chunking.divisor_chunk(c_z, 14 * pair_b // c_z, max(budget_b - 2 * pair_b, 0))
@@ -114,10 +111,10 @@ class TriangleMultiplication(nn.Module):
             left = z.new_empty((cs.stop - cs.start, n_local, n_pad))
             right = torch.empty_like(left)
             for rs in chunking.slices(n_local, rc):
-                left[:, rs], right[:, rs] = self._operands(self.norm_in(z[rs]), mask[rs], cs)
+                left[:, rs], right[:, rs] = self._operands(z[rs], mask[rs], cs)
             triangle_product(left, right, layout, out=x[cs])
             del left, right
         rc = chunking.rows_per_chunk(n_local, n_pad * 6 * c_z * es, budget_b)
         for rs in chunking.slices(n_local, rc):
-            z[rs] += self._update(x[:, rs].permute(1, 2, 0), self.norm_in(z[rs]))
+            z[rs] += self._update(x[:, rs].permute(1, 2, 0), z[rs])
         return z

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from cpbench.models.pairformer.ops.sdpa_lse import sdpa_with_lse
+from cpbench.models.pairformer.ops.biased_attention import biased_attention_lse
 from cpbench.models.pairformer.parallel import chunking, comm
 from cpbench.models.pairformer.parallel.layout import Layout
 from cpbench.models.pairformer.parallel.padding import key_bias
@@ -42,14 +42,13 @@ def _ring_attention(q: torch.Tensor, kv: torch.Tensor, bias_t: torch.Tensor, key
     Returns:
         ``o: [r, h, C, d]`` fp32 and ``lse: [r, h, C]`` fp32.
     """
-    r = q.shape[0]
     state = {"acc": q.new_zeros(q.shape, dtype=torch.float32),
              "lse": q.new_full(q.shape[:-1], float("-inf"), dtype=torch.float32)}
 
     def step(kv_tile, b_tile, pc, *_):
-        mask = (b_tile[pc.kb].permute(2, 1, 0) + key_b[pc.k]).unsqueeze(0).contiguous()  # [1, h, C, kk]
-        o_p, lse_p = sdpa_with_lse(q, kv_tile[0][:, :, pc.ka].contiguous(), kv_tile[1][:, :, pc.ka].contiguous(),
-                                   mask.expand(r, -1, -1, -1))
+        bias = (b_tile[pc.kb].permute(2, 1, 0) + key_b[pc.k]).contiguous()  # [h, C, kk]
+        o_p, lse_p = biased_attention_lse(q, kv_tile[0][:, :, pc.ka].contiguous(),
+                                          kv_tile[1][:, :, pc.ka].contiguous(), bias)
         lse = torch.logaddexp(state["lse"], lse_p)
         state["acc"].mul_(torch.exp(state["lse"] - lse).unsqueeze(-1))
         state["acc"].add_(o_p.float() * torch.exp(lse_p - lse).unsqueeze(-1))

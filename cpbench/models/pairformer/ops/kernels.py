@@ -1,0 +1,97 @@
+"""The kernel switch (``model.kernels``): which implementation the trunk's hot ops run.
+
+* ``torch``: the reference path, plain PyTorch ops (SDPA with an expanded bias for triangle
+  attention). The CPU and parity reference.
+* ``flex``: triangle attention on ``torch.nn.attention.flex_attention`` with the shared
+  ``[heads, N, N]`` bias read in ``score_mod`` (no ``[rows, heads, N, N]`` expansion), and the
+  memory-bound passes (LayerNorm, projections, gating, SwiGLU) as ``torch.compile`` regions.
+  On CUDA both are compiled (Triton, via inductor); on a CPU flex runs eagerly (unfused, forward
+  only: its backward does not run on the CPU), which is what the parity tests use.
+* ``cueq``: NVIDIA cuEquivariance's triangle attention (``cuequivariance_torch``) where it
+  imports; asking for it where it does not is a one-line error.
+* ``auto``: ``flex`` on CUDA, ``torch`` on a CPU.
+
+The selection is process-wide (one worker process runs one point): the adapter calls
+``select(name, device)`` once in ``build_model``; ops ask ``active()``. Compilation happens at
+the first call of each compiled function in the process (``dynamic=True``: one compile serves
+every row-chunk size and N of the process, and inductor's on-disk cache serves the next
+process); ``compile_seconds()`` is the wall time those first calls took, which the adapter
+reports as its own stat so it stays apart from the timed steps.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import time
+from typing import Callable
+
+import torch
+
+KERNELS = ("auto", "torch", "flex", "cueq")
+_active = "torch"
+_compile_s = 0.0
+
+
+class KernelError(ValueError):
+    """``model.kernels`` names a backend this machine cannot run."""
+
+
+def resolve(name: str, device: torch.device) -> str:
+    """The backend ``name`` means on ``device`` (``auto`` -> ``flex`` on CUDA, else ``torch``)."""
+    if name not in KERNELS:
+        raise KernelError(f"model.kernels={name}: one of {', '.join(KERNELS)}")
+    if name == "auto":
+        return "flex" if device.type == "cuda" else "torch"
+    if name == "cueq" and importlib.util.find_spec("cuequivariance_torch") is None:
+        raise KernelError("model.kernels=cueq: cuequivariance_torch is not installed here "
+                          "(pip install cuequivariance-torch cuequivariance-ops-torch-cu12 or -cu13); "
+                          "use model.kernels=flex or torch")
+    return name
+
+
+def select(name: str, device: torch.device) -> str:
+    """Make ``name`` (resolved for ``device``) the backend of this process; returns it."""
+    global _active
+    _active = resolve(name, device)
+    return _active
+
+
+def active() -> str:
+    """The backend of this process (``torch`` until ``select`` is called)."""
+    return _active
+
+
+def compile_seconds() -> float:
+    """Wall seconds the first calls of compiled functions took in this process (compilation)."""
+    return _compile_s
+
+
+def compiled(fn: Callable) -> Callable:
+    """``fn`` under ``torch.compile`` when the ``flex`` backend runs on CUDA, else ``fn`` itself.
+
+    The compiled function is built lazily (at its first CUDA call under ``flex``), and the time
+    of each first call per input signature (dtype, device, number of dims) counts as compile time.
+    """
+    state: dict = {"fn": None, "seen": set()}
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        if _active != "flex" or first is None or not first.is_cuda:
+            return fn(*args, **kwargs)
+        if state["fn"] is None:
+            state["fn"] = torch.compile(fn, dynamic=True)
+        key = tuple((a.dtype, a.dim()) for a in args if isinstance(a, torch.Tensor))
+        if key in state["seen"]:
+            return state["fn"](*args, **kwargs)
+        global _compile_s
+        torch.cuda.synchronize(first.device)
+        start = time.perf_counter()
+        out = state["fn"](*args, **kwargs)
+        torch.cuda.synchronize(first.device)
+        _compile_s += time.perf_counter() - start
+        state["seen"].add(key)
+        return out
+
+    return run
