@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The fast-trunk campaign (kernels=flex vs kernels=torch, side by side in one run) on one H200.
+#   run on the GPU machine from a tree that has .whl/ (../shared/gpu/README.md):
+#   OUT=<dir> bash scripts/campaign3_h200.sh CALL
+# CALL a: GPU kernel parity at N=256 (block and trunk, fp32 and bf16, forward and gradients),
+#         then the 64-block trunk pass (boltz2, trunk only) at N=2048 and N=512, cp=1, flex then torch;
+#         then one training step (64 blocks, checkpointing, AdamW) at N=1536, flex then torch,
+#         while the call's time lasts (each point starts only with enough time left).
+set -u
+CALL=${1:?call name}
+OUT=${OUT:?set OUT}
+BUDGET_S=${BUDGET_S:-570}
+START=$(date +%s)
+mkdir -p "$OUT"
+source scripts/gpu_env.sh > "$OUT/env.txt" 2>&1 || { cat "$OUT/env.txt"; exit 1; }
+cat "$OUT/env.txt"
+cat commit.txt > "$OUT/commit.txt" 2>/dev/null || true
+nvidia-smi > "$OUT/nvidia-smi_before.txt" 2>&1
+
+left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
+point() {  # point NAME NEEDED_S OVERRIDES...: one cpbench job into $OUT/NAME when NEEDED_S remain
+  local name=$1 need=$2; shift 2
+  if [ "$(left)" -lt "$need" ]; then echo "skip $name: $(left) s left, needs $need"; return; fi
+  local t0=$(date +%s)
+  python3 -m cpbench "$@" hydra.run.dir="$OUT/$name" > "$OUT/$name.log" 2>&1
+  echo "phase $name rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/$name.log" | cut -c1-400)"
+}
+TRUNK="model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing cp=1"
+TRAIN="model=boltz2 workflow=training routine=timing cp=1"
+
+case "$CALL" in
+  a)
+    t0=$(date +%s)
+    timeout 120 python3 scripts/kernel_parity.py --n 256 --out "$OUT/kernel_parity.json" > "$OUT/kernel_parity.log" 2>&1
+    echo "phase kernel_parity rc=$? $(( $(date +%s) - t0 )) s"; cat "$OUT/kernel_parity.log" | grep '^{' | cut -c1-300
+    point trunk2048_flex 150 $TRUNK N=2048 model.kernels=flex timing.timeout_s=200
+    point trunk2048_torch 130 $TRUNK N=2048 model.kernels=torch timing.timeout_s=150
+    point trunk512_flex 60 $TRUNK N=512 model.kernels=flex timing.timeout_s=90
+    point trunk512_torch 45 $TRUNK N=512 model.kernels=torch timing.timeout_s=60
+    point train1536_flex 150 $TRAIN N=1536 model.kernels=flex timing.timeout_s=200
+    point train1536_torch 150 $TRAIN N=1536 model.kernels=torch timing.timeout_s=200
+    ;;
+  *) echo "unknown call $CALL"; exit 2 ;;
+esac
+nvidia-smi > "$OUT/nvidia-smi_after.txt" 2>&1
+echo "done in $(( $(date +%s) - START )) s"
