@@ -11,7 +11,7 @@ One ``result.json`` per job (one sweep point), in the job's Hydra output directo
                 "model": {"name": "boltz2", "c_s": 384, ...},
                 "memory_limit_gib": null},  # memory.limit_gib in effect (CPU: 0.125 by default)
       "routine": "probe" | "timing",
-      "status": "ok" | "oom" | "timeout" | "error" | "insufficient_gpus",
+      "status": "ok" | "oom" | "timeout" | "error" | "insufficient_gpus" | "unstable",
       "message": "",
       "code": "0.1.0@<commit>",              # code version that entered the signature
       # probe
@@ -19,6 +19,19 @@ One ``result.json`` per job (one sweep point), in the job's Hydra output directo
       "first_fail_message": "...", "depth": 2, "depth_verified": true,
       "points": [{"N": 512, "fits": true, "status": "ok", "message": "",
                   "peak_alloc_gib": [..per rank..], "peak_reserved_gib": [..], "seconds": 3.1}],
+      "strategy": "bisect" | "predict",      # probe.strategy as resolved
+      "predicted_max_n": 12416,              # predict: where the fitted peak meets the memory; else null
+      "prediction": {"capacity_gib": 140.4, "capacity_source": "memory.limit_gib" | "gpu_memory_gib",
+                     "fit": {"a": .., "b": .., "c": .., "cp": 2, "form": "a·N²+b·N+c", "n_points": 3,
+                             "max_rel_residual": .., "n_min": 512, "n_max": 2048},
+                     "bracket": [11136, 13696],   # the first bracket measured around the prediction
+                     "error_at_max_n": 0.0104,    # (predicted_max_n - max_n) / max_n
+                     "fallback": null},           # why it bisected instead (then no fit / bracket)
+      "verify": {"max_n": {"N": 12288, "fits": true, "status": "ok", ...},      # probe.verify: the
+                 "above": {"N": 12416, "fits": false, "status": "oom", ...}},  # re-runs; else null
+      "timed_out_n": [],                     # N that timed out: never first_fail_n; the search stops
+      "lower_bound": null,                   # why max_n only bounds the max N from below: "timeout",
+                                             # "capped", "no failure", "unstable", "first failure error"
       # timing
       "times_ms": [..], "median_ms": .., "iqr_ms": .., "min_ms": .., "max_ms": ..,
       "times_ms_per_rank": [[..], ..], "warmup_ms": [..],     # raw; times_ms = slowest rank
@@ -39,7 +52,9 @@ Probe-only and timing-only keys are present only for their routine. ``depth`` is
 of trunk blocks a probe step ran (the model's ``blocks`` at full depth); ``depth_verified``
 is true/false when a shortened depth was checked against the full step at the first point,
 null when no shortening was tried. In a probe record, ``point.N`` is the config's ``N``
-(unused by the probe): the probed sizes are ``points[].N``.
+(unused by the probe): the probed sizes are ``points[].N``. A probe whose verification saw a
+point fit once and fail once (or fail once and fit once) has status ``unstable`` and its
+message names that N and both outcomes; its ``max_n`` is not a reproducible limit.
 """
 
 from __future__ import annotations
@@ -53,7 +68,7 @@ from typing import Iterator
 
 SCHEMA_VERSION = 1
 RESULT_FILE = "result.json"
-STATUSES = ("ok", "oom", "timeout", "error", "insufficient_gpus")
+STATUSES = ("ok", "oom", "timeout", "error", "insufficient_gpus", "unstable")
 
 
 def write_json_atomic(path: str | os.PathLike, record: dict) -> Path:

@@ -2,8 +2,19 @@
 
 Every N tried is a multiple of the padding unit; the bisection stops when the gap between
 the largest fitting N and the smallest failing N is at most ``probe.granularity``. A point
-fits when every rank completed one full step (status ``ok``); any failure (``oom``,
-``timeout``, ``error``) counts as not fitting and the search goes on.
+fits when every rank completed one full step (status ``ok``); ``oom`` and ``error`` count as
+not fitting and the search goes on. A ``timeout`` is not a memory limit: the search stops
+there, that N never becomes ``first_fail_n``, and ``max_n`` is a lower bound (``timed_out_n``).
+
+Strategy (``probe.strategy``): ``bisect`` is the above. ``predict`` ramps only until
+``PREDICT_POINTS`` points fit, fits their per-rank peak (``results.memory_fit``), predicts the
+N where it meets the per-rank memory (``routines.probe_predict``), measures the ends of a
+bracket around it (the lower end must fit, the upper end fail; an end that disagrees moves
+out by twice the last step) and bisects inside; without a usable prediction it goes on as
+``bisect``.
+
+Verification (``probe.verify``): after the search, ``max_n`` and ``first_fail_n`` run once more;
+a point that fits once and fails once makes the probe's status ``unstable``.
 
 Depth (``probe.depth``): an inference step's peak does not grow with the number of blocks
 run, its time does; so when the adapter takes ``run_blocks`` the probe runs only that many
@@ -20,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from cpbench.config import Point
@@ -27,6 +39,7 @@ from cpbench.harness.memory import MEASURE_CPU, MEASURE_CUDA
 from cpbench.harness.runner import PointRun, Runner, point_record
 from cpbench.models.api import load_adapter, supports_run_blocks
 from cpbench.results import max_over_ranks, read_json, write_json_atomic
+from cpbench.routines.probe_predict import PREDICT_POINTS, Prediction, bracket_ends, memory_capacity_gib, predict_max_n
 
 log = logging.getLogger("cpbench")
 
@@ -40,6 +53,10 @@ class _PointCap(Exception):
     """probe.max_points reached, or probe.budget_s spent (the message says which)."""
 
 
+class _TimedOut(Exception):
+    """A point timed out: its N bounds nothing, the search stops (``args[0]`` is the N)."""
+
+
 class Probe:
     """One probe over a runner; ``run()`` returns the probe fields of the result record."""
 
@@ -51,7 +68,13 @@ class Probe:
         self.depth: int | None = state.get("depth", self.settings.depth)
         self.depth_verified: bool | None = state.get("depth_verified")
         self.depth_checked: bool = state.get("depth_checked", False)
+        self.verified: dict[str, dict] = state.get("verify") or {}  # re-runs of max_n / first_fail_n
         self.started_s, self.cap = time.monotonic(), ""
+        self.lo: int | None = None   # largest N measured to fit (below hi)
+        self.hi: int | None = None   # smallest N measured not to fit (never a timeout)
+        self.timed_out_n: list[int] = []
+        self.visited: list[int] = []  # N this search asked about, in order (replayed or measured)
+        self.prediction: Prediction | None = None
 
     # ------------------------------------------------------------ state
     def _load_state(self) -> dict:
@@ -73,7 +96,7 @@ class Probe:
             return
         write_json_atomic(self.state_path, {
             "signature": self.signature, "depth": self.depth, "depth_verified": self.depth_verified,
-            "depth_checked": self.depth_checked, "points": self.ordered_points(),
+            "depth_checked": self.depth_checked, "points": self.ordered_points(), "verify": self.verified,
             # what a report needs of a probe stopped before its result.json (results.incomplete_probe)
             "point": point_record(self.point)})
 
@@ -104,15 +127,25 @@ class Probe:
         self.depth = None
         return full
 
-    def fits(self, n: int) -> bool:
-        if n in self.points:
-            return self.points[n]["fits"]
-        if len(self.points) >= self.settings.max_points:
-            raise _PointCap(f"probe.max_points={self.settings.max_points}")
+    def _check_budget(self) -> None:
         budget_s = self.settings.budget_s
         # supervisor 0's clock decides, so that every supervisor stops before the same point
         if budget_s is not None and self.runner.group.broadcast(time.monotonic() - self.started_s >= budget_s):
             raise _PointCap(f"probe.budget_s={budget_s:g}")
+
+    def fits(self, n: int) -> bool:
+        """Whether ``n`` fits (measured now, or replayed from the state); raises ``_TimedOut``
+        for a point that timed out and ``_PointCap`` when no new point may start."""
+        if n not in self.points:
+            self._measure(n)
+        if self.points[n]["status"] == "timeout":
+            raise _TimedOut(n)
+        return self.points[n]["fits"]
+
+    def _measure(self, n: int) -> None:
+        if len(self.points) >= self.settings.max_points:
+            raise _PointCap(f"probe.max_points={self.settings.max_points}")
+        self._check_budget()
         if self.depth is not None and not self.depth_checked:
             result = self._check_depth(n)
         else:
@@ -128,51 +161,144 @@ class Probe:
         peak = max_over_ranks(record["peak_alloc_gib"])
         log.info("probe N=%d %s peak=%s GiB %.1f s%s", n, "fits" if record["fits"] else result.status,
                  _fmt(peak), result.seconds, "" if record["fits"] else f" ({result.message[:200]})")
-        return record["fits"]
+
+    def _try(self, n: int) -> bool:
+        """``fits(n)``, moving the search's bounds (``lo``, ``hi``) with the answer."""
+        if n not in self.visited:
+            self.visited.append(n)
+        if self.fits(n):
+            self.lo = n if self.lo is None else max(self.lo, n)
+            return True
+        self.hi = n if self.hi is None else min(self.hi, n)
+        return False
 
     # ------------------------------------------------------------ search
     def search(self) -> tuple[int | None, int | None, bool]:
-        """Ramp then bisect; returns (largest fitting N, smallest failing N, capped)."""
-        s, unit = self.settings, self.point.padding_unit
-        lo, hi = None, None
+        """Ramp (and predict), then bisect; returns (largest fitting N, smallest failing N, capped).
+
+        A timed-out point ends the search (``timed_out_n``); the bounds found so far stand."""
+        s = self.settings
         try:
             check_n = s.depth_check_n  # <= start (config); a bound of the search either way
             if check_n is not None and (check_n in self.points or (self.depth is not None and not self.depth_checked)):
-                if self.fits(check_n):
-                    lo = check_n
-                else:
-                    hi = check_n
-            n = s.start
-            while hi is None:
-                if self.fits(n):
-                    lo = n
-                    n = max(n + unit, -(-int(n * s.growth) // unit) * unit)
-                else:
-                    hi = n
-            low = lo if lo is not None else 0
-            while hi - low > s.granularity:
-                mid = (low + hi) // 2 // unit * unit
-                if mid <= low or mid < unit:
-                    break
-                if self.fits(mid):
-                    lo = low = mid
-                else:
-                    hi = mid
+                self._try(check_n)
+            if s.strategy == "predict":
+                self._ramp(until_fitting=PREDICT_POINTS)
+                self._predict_and_bracket()
+            self._ramp()
+            self._bisect()
         except _PointCap as cap:
             self.cap = str(cap)
-            return lo, hi, True
-        return lo, hi, False
+            return self.lo, self.hi, True
+        except _TimedOut as timed_out:
+            self.timed_out_n.append(timed_out.args[0])
+        return self.lo, self.hi, False
 
+    def _ramp(self, until_fitting: int | None = None) -> None:
+        """Grow N from ``probe.start`` until a point fails (or ``until_fitting`` points fit)."""
+        s, unit = self.settings, self.point.padding_unit
+        n = s.start
+        while self.hi is None:
+            if until_fitting is not None and len(self._visited_fits()) >= until_fitting:
+                return
+            if self._try(n):
+                n = max(n + unit, -(-int(n * s.growth) // unit) * unit)
+
+    def _visited_fits(self) -> list[dict]:
+        return [self.points[n] for n in self.visited if self.points[n]["fits"]]
+
+    def _bisect(self) -> None:
+        s, unit = self.settings, self.point.padding_unit
+        while self.hi - (self.lo or 0) > s.granularity:
+            low = self.lo or 0
+            mid = (low + self.hi) // 2 // unit * unit
+            if mid <= low or mid < unit:
+                break
+            self._try(mid)
+
+    def _predict_and_bracket(self) -> None:
+        """Predict the max N from the points that fit, then measure a bracket around it: its lower
+        end must fit and its upper end fail; an end that disagrees moves out by twice the last
+        step (the bracket's width doubles) until one agrees. Leaves the bisection to ``search``."""
+        if self.hi is not None:
+            self.prediction = Prediction(fallback=f"N={self.hi} failed before {PREDICT_POINTS} points fit")
+            return
+        capacity = memory_capacity_gib(self.point, self.runner.group.broadcast)
+        unit = self.point.padding_unit
+        # only the points this search visited: a restart replays the same prediction
+        self.prediction = prediction = predict_max_n(self._visited_fits(), capacity, self.point.cp, unit)
+        if prediction.predicted_max_n is None:
+            log.info("probe: no prediction (%s); bisecting", prediction.fallback)
+            return
+        low, high = bracket_ends(prediction.predicted_max_n, self.settings.granularity, unit)
+        self.prediction = prediction = replace(prediction, bracket=(low, high))
+        log.info("probe: predicted max N %d (%s at %.4g GiB from %s); bracket %d..%d", prediction.predicted_max_n,
+                 prediction.fit.describe(), prediction.capacity_gib, prediction.capacity_source, low, high)
+        step, n = prediction.predicted_max_n - low, low
+        while n > self.lo and not self._try(n):  # the lower end must fit
+            step *= 2
+            n = max(unit, (self.hi - step) // unit * unit)
+        step, n = high - prediction.predicted_max_n, max(high, self.lo + unit)
+        while self.hi is None and self._try(n):  # the upper end must fail
+            step *= 2
+            n = -(-(self.lo + step) // unit) * unit
+
+    # ------------------------------------------------------------ verification
+    def verify(self, max_n: int | None, first_fail_n: int | None) -> dict:
+        """Run ``max_n`` and ``first_fail_n`` once more (replayed from the state on a restart):
+        ``{"max_n": {N, status, fits, ...} | None, "above": ... | None}``; an entry is None
+        when there is no such N or ``probe.budget_s`` was spent (then ``skipped`` says so)."""
+        out: dict = {"max_n": None, "above": None}
+        for key, n in (("max_n", max_n), ("above", first_fail_n)):
+            if n is None:
+                continue
+            if key not in self.verified or self.verified[key]["N"] != n:
+                try:
+                    self._check_budget()
+                except _PointCap as cap:
+                    out["skipped"] = f"stopped at {cap}"
+                    break
+                result = self._run(n, self.depth)
+                self.verified[key] = {
+                    "N": n, "fits": result.status == "ok", "status": result.status, "message": result.message,
+                    "peak_alloc_gib": result.per_rank("peak_alloc_gib"),
+                    "peak_reserved_gib": result.per_rank("peak_reserved_gib"), "seconds": round(result.seconds, 3)}
+                self._save_state()
+                log.info("probe verify N=%d: %s", n, result.status)
+            out[key] = self.verified[key]
+        return out
+
+    def _unstable(self, verify: dict) -> str | None:
+        """The message of a point that fit once and failed once (a timeout decides nothing)."""
+        for key in ("max_n", "above"):
+            again = verify.get(key)
+            if again is None or again["status"] == "timeout":
+                continue
+            first = self.points[again["N"]]
+            if first["fits"] != again["fits"]:
+                outcomes = [("fit" if p["fits"] else f"failed ({p['status']}: {(p.get('message') or '')[:160]})")
+                            for p in (first, again)]
+                return (f"unstable: N={again['N']} {outcomes[0]} on its first run and {outcomes[1]} on its second; "
+                        "max_n is not a reproducible limit")
+        return None
+
+    # ------------------------------------------------------------ record
     def run(self) -> dict:
         max_n, first_fail_n, capped = self.search()
+        verify = self.verify(max_n, first_fail_n) if self.settings.verify and max_n is not None else None
         points = self.ordered_points()
         fail = self.points.get(first_fail_n) if first_fail_n is not None else None
         at_max = self.points.get(max_n) if max_n is not None else None
         blocks = self.point.model.get("blocks")
+        prediction = self.prediction if self.settings.strategy == "predict" else None
         out = {
             "max_n": max_n, "first_fail_n": first_fail_n,
             "first_fail_status": fail["status"] if fail else None,
             "first_fail_message": fail["message"] if fail else None,
+            "strategy": self.settings.strategy,
+            "predicted_max_n": prediction.predicted_max_n if prediction else None,
+            "prediction": prediction.record(max_n) if prediction else None,
+            "verify": verify, "timed_out_n": list(self.timed_out_n),
             "depth": self.depth if self.depth is not None else (blocks if isinstance(blocks, int) else None),
             "depth_verified": self.depth_verified,
             "points": [{k: v for k, v in p.items() if k != "order"} for p in points],
@@ -182,19 +308,35 @@ class Probe:
             "peak_reserved_gib_per_rank": at_max["peak_reserved_gib"] if at_max else None,
             "memory_measure": MEASURE_CUDA if self.point.device == "cuda" else MEASURE_CPU,
         }
-        if max_n is None:
-            out["status"] = fail["status"] if fail else "error"
-            smallest = min(self.points) if self.points else None
-            out["message"] = f"no N fits (smallest tried: {smallest}): " + (fail["message"] if fail else "")
-        else:
-            out["status"] = "ok"
-            if not capped:
-                out["message"] = ""
-            elif first_fail_n is None:
-                out["message"] = f"stopped at {self.cap} before any N failed: max_n is a lower bound"
-            else:
-                out["message"] = f"stopped at {self.cap} before the bisection reached probe.granularity"
+        out.update(self._verdict(max_n, first_fail_n, capped, fail, verify))
         return out
+
+    def _verdict(self, max_n, first_fail_n, capped, fail, verify) -> dict:
+        """``status``, ``message`` and ``lower_bound`` (why max_n only bounds the max N from below)."""
+        timed_out = (f"N={', '.join(map(str, self.timed_out_n))} timed out (probe.timeout_s={self.settings.timeout_s:g})"
+                     if self.timed_out_n else "")
+        if max_n is None:
+            smallest = min(self.points) if self.points else None
+            if fail is None and timed_out:
+                return {"status": "timeout", "message": f"no N finished: {timed_out}", "lower_bound": None}
+            return {"status": fail["status"] if fail else "error", "lower_bound": None,
+                    "message": f"no N fits (smallest tried: {smallest}): " + (fail["message"] if fail else "")}
+        unstable = self._unstable(verify) if verify else None
+        if unstable:
+            return {"status": "unstable", "message": unstable, "lower_bound": "unstable"}
+        if timed_out:
+            message, bound = f"max_n is a lower bound: {timed_out}", "timeout"
+        elif capped and first_fail_n is None:
+            message, bound = f"stopped at {self.cap} before any N failed: max_n is a lower bound", "capped"
+        elif capped:
+            message, bound = f"stopped at {self.cap} before the bisection reached probe.granularity", "capped"
+        elif first_fail_n is None:
+            message, bound = "", "no failure"
+        else:
+            message, bound = "", None if fail["status"] == "oom" else f"first failure {fail['status']}"
+        if verify and verify.get("skipped"):
+            message = "; ".join(m for m in (message, f"verification {verify['skipped']}") if m)
+        return {"status": "ok", "message": message, "lower_bound": bound}
 
 
 def adapter_takes_run_blocks(model_cfg: dict) -> bool:
@@ -205,8 +347,6 @@ def adapter_takes_run_blocks(model_cfg: dict) -> bool:
 def run_probe(point: Point, runner: Runner, state_path: Path | None, signature: str) -> dict:
     """The probe fields of a result record (see cpbench/results.py)."""
     if point.probe.depth is not None and not adapter_takes_run_blocks(point.model):
-        from dataclasses import replace
-
         point = replace(point, probe=replace(point.probe, depth=None))
     return Probe(point, runner, state_path, signature).run()
 

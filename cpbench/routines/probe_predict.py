@@ -1,0 +1,93 @@
+"""The probe's ``predict`` strategy: where to look for the max N before bisecting.
+
+Owns three things: the per-rank memory a probe runs against (``memory_capacity_gib``), the
+predicted max N from the peaks of the points that fit (``predict_max_n``, through the shared
+fit of ``cpbench.results.memory_fit``), and the bracket around it that the probe measures
+first (``bracket_ends``). The measuring and the widening of the bracket are the probe's
+(``cpbench.routines.probe``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from cpbench.config import Point
+from cpbench.results.memory_fit import MemoryFit, fit_peak_memory, fitting_points
+
+PREDICT_POINTS = 3          # fitting points (distinct N) the ramp measures before the prediction
+BRACKET_FRACTION = 0.10     # half-width of the first bracket, relative to the predicted N
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the ``predict`` strategy found; ``fallback`` says why it bisected instead."""
+
+    predicted_max_n: int | None = None
+    capacity_gib: float | None = None
+    capacity_source: str | None = None
+    fit: MemoryFit | None = None
+    n_range: tuple[int, int] | None = None
+    bracket: tuple[int, int] | None = None
+    fallback: str | None = None
+
+    def record(self, max_n: int | None) -> dict:
+        """The ``prediction`` block of result.json, with the relative error at the measured max N."""
+        fit = None
+        if self.fit is not None:
+            fit = self.fit.record() | {"n_min": self.n_range[0], "n_max": self.n_range[1]}
+        error = None
+        if self.predicted_max_n is not None and max_n:
+            error = round((self.predicted_max_n - max_n) / max_n, 4)
+        return {"capacity_gib": self.capacity_gib, "capacity_source": self.capacity_source, "fit": fit,
+                "bracket": list(self.bracket) if self.bracket else None, "error_at_max_n": error,
+                "fallback": self.fallback}
+
+
+def memory_capacity_gib(point: Point, broadcast: Callable) -> tuple[float | None, str | None]:
+    """(GiB per rank, where the figure comes from) the probe's peaks run against.
+
+    ``memory.limit_gib`` when set (the cap a worker enforces; on a CPU the only one), else on
+    CUDA the GPU's total memory through NVML (supervisor 0's answer, so that every supervisor
+    predicts the same N); (None, None) when neither is known.
+    """
+    if point.memory_limit_gib is not None:
+        return float(point.memory_limit_gib), "memory.limit_gib"
+    total = None
+    if point.device == "cuda":
+        from cpbench.harness.env import nvml_metadata
+
+        try:
+            total = nvml_metadata().get("gpu_memory_gib")
+        except Exception:  # noqa: BLE001 - no NVML answer: the probe bisects instead
+            total = None
+        total = broadcast(total)
+    return (float(total), "gpu_memory_gib") if total else (None, None)
+
+
+def predict_max_n(points: list[dict], capacity: tuple[float | None, str | None], cp: int, unit: int) -> Prediction:
+    """The N (a multiple of ``unit``) where the fitted per-rank peak of ``points`` meets the capacity.
+
+    Needs ``PREDICT_POINTS`` distinct N that fit with a measured peak; the fit is the report's
+    (``fitting_points``: reserved memory when every point has it, else allocated).
+    """
+    capacity_gib, source = capacity
+    if capacity_gib is None:
+        return Prediction(fallback="no per-rank memory known (memory.limit_gib unset, no GPU total)")
+    ns, peaks = fitting_points(points)
+    if len(set(ns)) < PREDICT_POINTS:
+        return Prediction(capacity_gib=capacity_gib, capacity_source=source,
+                          fallback=f"{len(set(ns))} of {PREDICT_POINTS} points fit with a measured peak")
+    fit = fit_peak_memory(ns, peaks, cp=cp)
+    predicted = fit.max_n(capacity_gib, unit=unit)
+    fallback = None if predicted is not None else "the fitted peak does not reach the memory (or not even N=unit fits)"
+    return Prediction(predicted, capacity_gib, source, fit, (ns[0], ns[-1]), fallback=fallback)
+
+
+def bracket_ends(predicted: int, granularity: int, unit: int) -> tuple[int, int]:
+    """(lower end, upper end) of the first bracket: ±``BRACKET_FRACTION`` of the prediction,
+    at least one granularity step each side, on multiples of ``unit`` (lower end >= unit)."""
+    half = max(granularity, int(predicted * BRACKET_FRACTION))
+    low = max(unit, (predicted - half) // unit * unit)
+    high = -(-(predicted + half) // unit) * unit
+    return low, high
