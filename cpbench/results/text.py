@@ -11,7 +11,7 @@ def one_line(record: dict) -> str:
     if record.get("routine") == "probe":
         head += f" probe {status}"
         if record.get("max_n") is not None:
-            head += f" max_n={record['max_n']}"
+            head += f" max_n={'≥' if record.get('lower_bound') else ''}{record['max_n']}"
         if record.get("first_fail_n") is not None:
             head += f" first_fail_n={record['first_fail_n']} ({record.get('first_fail_status')})"
     else:
@@ -42,6 +42,12 @@ def summary(record: dict) -> str:
         if record.get("first_fail_n") is not None:
             text += (f", first failing N = {record['first_fail_n']} ({record.get('first_fail_status')}: "
                      f"{(record.get('first_fail_message') or '')[:160]})")
+        if record.get("timed_out_n"):
+            text += f"; N={', '.join(map(str, record['timed_out_n']))} timed out, so max N is a lower bound"
+        if record.get("predicted_max_n") is not None:
+            text += f"; predicted max N {record['predicted_max_n']} from the peaks of the first points"
+        if record.get("status") == "unstable":
+            text += f"; {record.get('message')}"
         text += f"; {len(pts)} points tried, depth {record.get('depth')}"
     else:
         text = f"cpbench timed one {'training step' if p.get('workflow') == 'training' else 'inference step'} " \

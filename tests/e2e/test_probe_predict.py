@@ -1,0 +1,31 @@
+"""``python -m cpbench routine=probe probe.strategy=predict probe.verify=true`` with real workers.
+
+The growing test adapter allocates ``[N/cp, N, 64]`` float32 per rank per step under a
+0.25 GiB CPU cap (``memory.limit_gib``): its peak is a clean N² that the prediction fits from
+the first three points, and the verification re-runs meet the same allocation failure.
+"""
+
+from __future__ import annotations
+
+import json
+
+from helpers.run import run_cpbench
+
+GROWING = ["model=adapter", "model._target_=tests.helpers.faults.GrowingAdapter"]
+
+
+def test_predicted_probe_with_verification_finishes_ok(tmp_path):
+    proc = run_cpbench(["routine=probe", "probe.strategy=predict", "probe.verify=true", "device=cpu", "cp=2",
+                        "memory.limit_gib=0.25", *GROWING, "probe.start=256", "probe.granularity=256",
+                        "probe.timeout_s=60", "hydra.run.dir=run"], cwd=tmp_path, timeout_s=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert record["status"] == "ok" and record["strategy"] == "predict", record["message"]
+    assert record["predicted_max_n"] and record["prediction"]["capacity_source"] == "memory.limit_gib"
+    assert [p["N"] for p in record["points"][:3]] == [256, 512, 1024]  # the fit's points
+    assert record["prediction"]["fit"]["n_max"] == 1024 and record["prediction"]["fallback"] is None
+    assert 0 < record["first_fail_n"] - record["max_n"] <= 256 and record["first_fail_status"] == "oom"
+    verify = record["verify"]
+    assert (verify["max_n"]["N"], verify["max_n"]["status"]) == (record["max_n"], "ok")
+    assert (verify["above"]["N"], verify["above"]["status"]) == (record["first_fail_n"], "oom")
+    assert record["timed_out_n"] == [] and record["lower_bound"] is None
