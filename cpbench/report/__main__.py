@@ -1,4 +1,4 @@
-"""CLI: ``python -m cpbench.report DIR [--out PATH] [--baseline-max-n N] [--peak-tflops T]``."""
+"""CLI: ``python -m cpbench.report DIR [--out PATH] [--baseline-max-n N] [--peak-tflops T] [--readme README.md]``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from cpbench.report import build_report
+from cpbench.report.headline import README_END, README_START
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,14 +17,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="also write the markdown here (CSV and plots beside it)")
     parser.add_argument("--baseline-max-n", type=int, default=None, help="a single-GPU max N to compare against")
     parser.add_argument("--peak-tflops", type=float, default=None, help="per-GPU peak TFLOP/s for MFU")
+    parser.add_argument("--readme", type=Path, default=None,
+                        help="replace the block between <!-- headline:start --> and <!-- headline:end --> here "
+                             "with the headline (max N per configuration)")
     args = parser.parse_args(argv)
     if not args.dir.is_dir():
         print(f"cpbench.report: error: {args.dir}: not a directory", file=sys.stderr)
         return 2
-    written = build_report(args.dir, out=args.out, baseline_max_n=args.baseline_max_n, peak_tflops=args.peak_tflops)
-    for key in ("markdown", "csv", "out_markdown", "out_csv"):
+    if args.readme is not None and not args.readme.is_file():
+        print(f"cpbench.report: error: {args.readme}: not a file", file=sys.stderr)
+        return 2
+    written = build_report(args.dir, out=args.out, baseline_max_n=args.baseline_max_n, peak_tflops=args.peak_tflops,
+                           readme=args.readme)
+    for key in ("markdown", "csv", "out_markdown", "out_csv", "readme"):
         if key in written:
             print(f"{key}: {written[key]}")
+    if args.readme is not None and "readme" not in written:
+        print(f"cpbench.report: warning: {args.readme} has no {README_START} ... {README_END} markers; left unchanged",
+              file=sys.stderr)
     return 0
 
 

@@ -3,7 +3,8 @@
 Each ``plot_*`` takes the report's frames (``cpbench.report.rows``), writes one PNG and returns
 None, or returns the reason it was skipped (data absent) without writing anything:
 
-* ``max_n``: max N vs cp per topology and workflow, with the ideal √cp line from the smallest cp;
+* ``max_n``: max N vs cp, a panel per workflow, a line per topology, with the ideal √cp line from
+  the smallest cp; an OOM bracket as an error bar, a lower bound as an open marker with an arrow up;
 * ``walltime``: median walltime vs N on log axes, with the fitted exponent per CP config;
 * ``memory``: per-rank peak memory vs N with the fitted a·N² + b·N + c per CP config;
 * ``comm``: the communication share of the step per CP config.
@@ -24,6 +25,7 @@ import pandas as pd  # noqa: E402
 
 from cpbench.report.analysis import best_fit_per_cp, latest_ok_timing, memory_points, walltime_exponent  # noqa: E402
 from cpbench.report.memory_model import fit_peak_memory  # noqa: E402
+from cpbench.report.readout import is_lower_bound  # noqa: E402
 
 
 def _series_label(keys: tuple, with_model: bool) -> str:
@@ -48,23 +50,62 @@ def _save(fig, path: Path) -> None:
 
 
 def plot_max_n(rows: pd.DataFrame, path: Path) -> str | None:
-    """Max N vs cp for each (model, workflow, topology), with ideal √cp scaling dashed."""
+    """Max N vs cp, one panel per workflow (inference with and without sampling share one), a
+    line per (model, workflow, topology) with ideal √cp scaling dashed. A max N bounded by an
+    out-of-memory is a filled marker with an error bar up to the first failing N; a lower bound
+    (``readout.is_lower_bound``) an open marker with an arrow pointing up."""
     fits = rows[(rows["row"] == "max-fit") & rows["N_tokens"].notna()] if not rows.empty else rows
     if fits.empty:
         return "no probe result with a max N"
     with_model = fits["model"].nunique() > 1
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for i, (keys, grp) in enumerate(fits.groupby(["model", "workflow", "topology"], sort=True)):
-        best = best_fit_per_cp(grp)
-        cps, max_n = best["cp"].astype(float).to_numpy(), best["N_tokens"].astype(float).to_numpy()
-        color = f"C{i % 10}"
-        ax.plot(cps, max_n, "o-", color=color, label=_series_label(keys, with_model))
-        ideal_cp = np.geomspace(cps[0], max(cps[-1], cps[0] * 2), 20)
-        ax.plot(ideal_cp, max_n[0] * np.sqrt(ideal_cp / cps[0]), "--", color=color, alpha=0.5,
-                label=f"ideal √cp from cp={int(cps[0])}")
-    ax.set_xscale("log", base=2)
-    _finish(fig, ax, path, "CP size (GPUs)", "max N (tokens)", "Max N that fits vs CP size")
+    panels = sorted(fits["workflow"].astype(str).str.split("+").str[0].unique())
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.0 * len(panels), 4.6), squeeze=False)
+    series = 0
+    for ax, panel in zip(axes[0], panels):
+        in_panel = fits[fits["workflow"].astype(str).str.split("+").str[0] == panel]
+        groups = list(in_panel.groupby(["model", "workflow", "topology"], sort=True))
+        tips = []
+        for i, (keys, grp) in enumerate(groups):
+            # a small shift along cp (log scale) keeps series at the same (cp, N) apart
+            shift = 2 ** (0.04 * (i - (len(groups) - 1) / 2))
+            tips += _max_n_series(ax, best_fit_per_cp(grp), f"C{series % 10}", _series_label(keys, with_model), shift)
+            series += 1
+        if tips:
+            ax.set_ylim(top=max(ax.get_ylim()[1], 1.03 * max(tips)))
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{panel}: max N that fits vs CP size", fontsize=10)
+        ax.set_xlabel("CP size (GPUs)")
+        ax.set_ylabel("max N (tokens)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.text(0.01, 0.01, "filled: bounded by an OOM (bar up to the first failing N); open + arrow: a lower bound",
+             fontsize=7, alpha=0.8)
+    _save(fig, path)
     return None
+
+
+def _max_n_series(ax, best: pd.DataFrame, color: str, label: str, shift: float = 1.0) -> list[float]:
+    """One line of ``plot_max_n``: markers by bound, the OOM bracket, the ideal √cp line, each cp
+    drawn at ``cp·shift``; returns the tips of its lower-bound arrows."""
+    cps = best["cp"].astype(float).to_numpy() * shift
+    max_n = best["N_tokens"].astype(float).to_numpy()
+    lower = is_lower_bound(best).to_numpy()
+    ax.plot(cps, max_n, "-", color=color, label=label)
+    exact = ~lower
+    if exact.any():
+        fail = pd.to_numeric(best["first_fail_n"], errors="coerce").astype(float).to_numpy()
+        above = np.where(np.isnan(fail), 0.0, fail - max_n)[exact]
+        ax.errorbar(cps[exact], max_n[exact], yerr=[np.zeros_like(above), above], fmt="o", color=color,
+                    capsize=4, markersize=6)
+    tips = []
+    for cp, n in zip(cps[lower], max_n[lower]):
+        ax.plot([cp], [n], "o", markerfacecolor="none", markeredgecolor=color, markersize=7)
+        tips.append(n * 1.12)
+        ax.annotate("", xy=(cp, tips[-1]), xytext=(cp, n), arrowprops={"arrowstyle": "->", "color": color})
+    ideal_cp = np.geomspace(cps[0], max(cps[-1], cps[0] * 2), 20)
+    ax.plot(ideal_cp, max_n[0] * np.sqrt(ideal_cp / cps[0]), "--", color=color, alpha=0.5,
+            label=f"ideal √cp from cp={round(cps[0] / shift)}")
+    return tips
 
 
 def plot_walltime(rows: pd.DataFrame, path: Path) -> str | None:

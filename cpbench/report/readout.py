@@ -32,14 +32,16 @@ def max_n_sentences(rows: pd.DataFrame, baseline_max_n: int | None) -> list[str]
     if fits.empty:
         return ["No probe found a max N in these results."]
     with_model = fits["model"].nunique() > 1
-    out, any_lower = [], False
+    out, any_lower, any_unstable = [], False, False
     for (model, workflow), same_wf in fits.groupby(["model", "workflow"], sort=True):
         cp1_any = best_fit_per_cp(same_wf[same_wf["cp"] == 1])
         for topology, grp in same_wf.groupby("topology", sort=True):
             best = best_fit_per_cp(grp)
             by_cp = dict(zip(best["cp"].astype(int), best["N_tokens"].astype(int)))
             lower = set(best.loc[is_lower_bound(best), "cp"].astype(int))
+            unstable = set(best.loc[best["status"] == "unstable", "cp"].astype(int))
             any_lower = any_lower or bool(lower)
+            any_unstable = any_unstable or bool(unstable)
             base_n, base_note = by_cp.get(1), ""
             if base_n is None and not cp1_any.empty:  # cp=1 from another topology's probe
                 base_n = int(cp1_any["N_tokens"].iloc[0])
@@ -47,7 +49,7 @@ def max_n_sentences(rows: pd.DataFrame, baseline_max_n: int | None) -> list[str]
                 base_note = f" = {bound}{_n(base_n)} from the {cp1_any['topology'].iloc[0]} probe"
             parts = []
             for cp, max_n in by_cp.items():
-                text = f"{'≥ ' if cp in lower else ''}{_n(max_n)} at cp={cp}"
+                text = f"{'≥ ' if cp in lower else ''}{_n(max_n)}{' (unstable)' if cp in unstable else ''} at cp={cp}"
                 if cp != 1 and base_n:
                     text += f" ({max_n / base_n:.2f}× cp=1{base_note}; ideal √{cp} = {math.sqrt(cp):.2f}×)"
                 parts.append(text)
@@ -61,14 +63,20 @@ def max_n_sentences(rows: pd.DataFrame, baseline_max_n: int | None) -> list[str]
     if any_lower:
         out.append("≥ marks a lower bound: that probe was stopped early, or no N ran out of memory "
                    "(nothing failed, or the first failure was a timeout or an error).")
+    if any_unstable:
+        out.append("Unstable: a re-run of that max N, or of the N that failed above it, disagreed with its "
+                   "first run (fit once and failed once), so it is not a reproducible limit.")
     return out
 
 
 def is_lower_bound(fits: pd.DataFrame) -> pd.Series:
     """Max-fit rows whose N is only a lower bound of the max N: the probe was stopped early
-    (``incomplete``) or its first failure was not an out-of-memory (none, a timeout, an error)."""
+    (``incomplete``), its first failure was not an out-of-memory (none, a timeout, an error),
+    a point timed out, or its verification disagreed (``unstable``); ``lower_bound`` of
+    ``cpbench.report.rows`` where the rows carry it."""
     cause = fits["first_fail_status"] if "first_fail_status" in fits else pd.Series(None, index=fits.index)
-    return (fits["status"] == INCOMPLETE) | (cause.fillna("") != "oom")
+    bound = fits["lower_bound"].notna() if "lower_bound" in fits else False
+    return (fits["status"].isin([INCOMPLETE, "unstable"])) | (cause.fillna("") != "oom") | bound
 
 
 def walltime_sentences(rows: pd.DataFrame) -> list[str]:

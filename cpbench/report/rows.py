@@ -1,7 +1,8 @@
 """Result records -> pandas frames: one row per result, and one row per probe point.
 
 A timing result gives one row at its N; a probe result gives one ``max-fit`` row at its max N
-(peak memory there, and the first failing N with its cause). A failed job (oom, timeout, error,
+(peak memory there, the first failing N with its cause, and ``lower_bound``: why that max N only
+bounds the max N from below, or None when an out-of-memory bounds it from above). A failed job (oom, timeout, error,
 insufficient_gpus) still gives its row, with the status and message, so the table always has a
 row for every point of the sweep. Column names of the first six match the report's table.
 """
@@ -15,7 +16,7 @@ import pandas as pd
 
 from cpbench.models.pairformer import flops
 from cpbench.report import mfu
-from cpbench.results import max_over_ranks
+from cpbench.results import INCOMPLETE, max_over_ranks
 
 TABLE_COLUMNS = ("N_tokens", "N_atoms", "MSA_seq", "CP config", "peak_mem (GiB)", "walltime (ms)")
 STAGE_PREFIX = "stage_ms."
@@ -136,7 +137,41 @@ def _probe_fields(rec: dict, point: dict, config: dict) -> dict[str, Any]:
         "walltime (ms)": None, "first_fail_n": rec.get("first_fail_n"),
         "first_fail_status": rec.get("first_fail_status"), "depth": rec.get("depth"),
         "points_tried": len(rec.get("points") or []),
+        "lower_bound": lower_bound_reason(rec), "timeout_n": timed_out_at(rec),
+        "strategy": rec.get("strategy"), "predicted_max_n": rec.get("predicted_max_n"),
     }
+
+
+def timed_out_at(rec: dict) -> int | None:
+    """The smallest N a probe saw time out: ``timed_out_n``, or (records before it existed) a
+    first failing N whose cause was a timeout."""
+    timed_out = rec.get("timed_out_n") or []
+    if timed_out:
+        return min(int(n) for n in timed_out)
+    return rec.get("first_fail_n") if rec.get("first_fail_status") == "timeout" else None
+
+
+def lower_bound_reason(rec: dict) -> str | None:
+    """Why a probe's max N is only a lower bound of the max N, None when an out-of-memory bounds
+    it from above: ``stopped early`` (incomplete, or a probe cap before the bisection ended),
+    ``timeout``, ``no failure``, ``unstable`` or ``first failure <status>``. Reads the record's
+    ``lower_bound`` where the probe wrote it, else derives it from older records' fields."""
+    status, cause = rec.get("status"), rec.get("first_fail_status")
+    if status == INCOMPLETE:
+        return "stopped early"
+    if status == "unstable":
+        return "unstable"
+    if "lower_bound" in rec:
+        return "stopped early" if rec["lower_bound"] == "capped" else rec["lower_bound"]
+    if timed_out_at(rec) is not None:
+        return "timeout"
+    if rec.get("first_fail_n") is None:
+        return "no failure"
+    if cause != "oom":
+        return f"first failure {cause}"
+    if "before the bisection reached probe.granularity" in (rec.get("message") or ""):
+        return "stopped early"
+    return None
 
 
 def _timing_fields(rec: dict, point: dict) -> dict[str, Any]:

@@ -146,7 +146,9 @@ def results_section(rows: pd.DataFrame) -> str:
             "One row per job. `max-fit` rows come from the max-N probe: N_tokens is the largest N "
             "measured to fit and peak_mem reads `peak (CAUSE@first failing N)`; status `incomplete`: the "
             "probe was stopped before it finished (read from its probe_state.json), so its max N is a "
-            "lower bound, as it is when no N ran out of memory (no failure, TIMEOUT, ERROR). peak_mem is the per-rank "
+            "lower bound, as it is when no N ran out of memory (no failure, ERROR, or `≥ N` with "
+            "`timeout at N`: a point that timed out bounds nothing) and when a re-run of the max N or "
+            "of the first failing N disagreed with its first run (status `unstable`). peak_mem is the per-rank "
             "peak (max over ranks, allocated); walltime is the median over repeats of the slowest rank "
             "per iteration.", "",
             md_table(table, list(TABLE_COLUMNS) + extra, fmt), "",
@@ -161,17 +163,27 @@ def results_section(rows: pd.DataFrame) -> str:
 
 def _n_cell(row) -> str:
     n = _plain(row["N_tokens"])
-    return f"max-fit {n}" if row["row"] == "max-fit" else n
+    if row["row"] != "max-fit":
+        return n
+    # a timeout bounds nothing: the max N is at least this (not a failure size above it)
+    bound = "≥ " if row.get("lower_bound") in ("timeout", "unstable") and not _missing(row["N_tokens"]) else ""
+    return f"max-fit {bound}{n}"
 
 
 def _peak_cell(row) -> str:
     peak = _num(2)(row["peak_mem (GiB)"])
-    if row["row"] != "max-fit" or row["status"] not in ("ok", INCOMPLETE):
+    if row["row"] != "max-fit" or row["status"] not in ("ok", INCOMPLETE, "unstable"):
         return peak
-    if _missing(row.get("first_fail_n")):
-        return f"{peak} (no failure)"
-    cause = str(row.get("first_fail_status") or "fail").upper()
-    return f"{peak} ({cause}@{int(row['first_fail_n'])})"
+    notes = []
+    timeout_n = row.get("timeout_n")
+    timed_out = not _missing(timeout_n)
+    if not _missing(row.get("first_fail_n")) and not (timed_out and row["first_fail_n"] == timeout_n):
+        notes.append(f"{str(row.get('first_fail_status') or 'fail').upper()}@{int(row['first_fail_n'])}")
+    if timed_out:
+        notes.append(f"timeout at {int(timeout_n)}")
+    if row["status"] == "unstable":
+        notes.append("unstable")
+    return f"{peak} ({'; '.join(notes) or 'no failure'})"
 
 
 def plots_section(plots: list[tuple[str, str, Path | None, str | None]]) -> str:

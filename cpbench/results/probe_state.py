@@ -57,7 +57,8 @@ def without_continued_probes(found: list[tuple[Path, dict]]) -> list[tuple[Path,
 def incomplete_probe(state_path: Path) -> dict | None:
     """A probe record (status ``incomplete``) from a probe's ``probe_state.json`` and the job's
     ``.hydra/config.yaml`` / ``overrides.yaml``: ``max_n`` is the largest N that fit below the
-    smallest failing N (a lower bound of the true max N), ``first_fail_n`` that failing N."""
+    smallest failing N (a lower bound of the true max N), ``first_fail_n`` that failing N. A point
+    that timed out bounds nothing (as in the probe): it is in ``timed_out_n``, never ``first_fail_n``."""
     import yaml  # omegaconf's dependency
 
     state = read_json(state_path)
@@ -72,7 +73,8 @@ def incomplete_probe(state_path: Path) -> dict | None:
     if point is None:
         return None
     points = state.get("points") or []
-    fails = sorted(p["N"] for p in points if not p.get("fits"))
+    fails = sorted(p["N"] for p in points if not p.get("fits") and p.get("status") != "timeout")
+    timed_out = sorted(p["N"] for p in points if p.get("status") == "timeout")
     first_fail = fails[0] if fails else None
     fitting = [p for p in points if p.get("fits") and (first_fail is None or p["N"] < first_fail)]
     at_max = max(fitting, key=lambda p: p["N"]) if fitting else None
@@ -82,7 +84,7 @@ def incomplete_probe(state_path: Path) -> dict | None:
         "message": f"stopped after {len(points)} probe points, before the probe finished: max_n is a lower "
                    "bound (the search had not reached probe.granularity)",
         "max_n": at_max["N"] if at_max else None, "first_fail_n": first_fail,
-        "first_fail_status": fail["status"] if fail else None,
+        "first_fail_status": fail["status"] if fail else None, "timed_out_n": timed_out,
         "depth": state.get("depth"), "depth_verified": state.get("depth_verified"), "points": points,
         "peak_alloc_gib": max_over_ranks(at_max["peak_alloc_gib"]) if at_max else None,
         "signature": state.get("signature"), "state_file": state_path.name,

@@ -278,7 +278,7 @@ class Probe:
             if first["fits"] != again["fits"]:
                 outcomes = [("fit" if p["fits"] else f"failed ({p['status']}: {(p.get('message') or '')[:160]})")
                             for p in (first, again)]
-                return (f"unstable: N={again['N']} {outcomes[0]} on its first run and {outcomes[1]} on its second; "
+                return (f"N={again['N']} {outcomes[0]} on its first run and {outcomes[1]} on its second: "
                         "max_n is not a reproducible limit")
         return None
 

@@ -130,7 +130,7 @@ def test_a_point_that_fits_once_and_fails_once_makes_the_probe_unstable(flaky):
     assert f"N={flip}" in out["message"]
     first, second = ("fit", "failed (oom") if flaky == "max_n" else ("failed (oom", "fit")
     head, tail = out["message"].split(" on its first run and ")
-    assert head.startswith(f"unstable: N={flip} {first}") and tail.startswith(f"{second}"), out["message"]
+    assert head.startswith(f"N={flip} {first}") and tail.startswith(f"{second}"), out["message"]
 
 
 def test_a_timed_out_point_is_never_the_first_failing_n():

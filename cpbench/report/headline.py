@@ -1,0 +1,175 @@
+"""The headline: max N per model × workflow × CP config, against a baseline, as data and as text.
+
+``headline_rows`` owns the figures (the largest measured max N of each configuration, whether it
+is only a lower bound and why, the baseline and the ratio); ``headline_section`` writes them as
+the report's "Headline" table and ``readme_block`` as the short list that
+``python -m cpbench.report DIR --readme README.md`` puts between the README's markers
+(``replace_marked_block``).
+
+Baseline: ``report.baseline_max_n`` when given, else the largest cp=1 max N of the same model
+and workflow (any topology: cp=1 is the same computation in 1d and 2d).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from cpbench.report.analysis import best_fit_per_cp
+from cpbench.report.readout import is_lower_bound
+
+README_START = "<!-- headline:start -->"
+README_END = "<!-- headline:end -->"
+
+
+@dataclass(frozen=True)
+class HeadlineRow:
+    """One configuration's max N; ``lower_bound`` says why it is only a lower bound (None: an
+    out-of-memory bounds it from above)."""
+
+    model: str
+    workflow: str
+    cp_config: str
+    cp: int
+    max_n: int
+    lower_bound: str | None
+    note: str                      # "OOM at 24,576", "timeout at 16,384", "stopped early", ...
+    baseline_n: int | None = None
+    baseline_name: str | None = None   # "cp=1" | "baseline"
+    baseline_lower: bool = False
+
+    @property
+    def ratio(self) -> float | None:
+        return self.max_n / self.baseline_n if self.baseline_n else None
+
+    def max_n_text(self) -> str:
+        return f"{'≥ ' if self.lower_bound else ''}{self.max_n:,}"
+
+    def ratio_text(self) -> str | None:
+        """``1.33× cp=1``; ``≥``/``≤``/``~`` when the figure or its baseline is a lower bound."""
+        if self.ratio is None:
+            return None
+        mark = {(True, False): "≥ ", (False, True): "≤ ", (True, True): "~ "}.get(
+            (bool(self.lower_bound), self.baseline_lower), "")
+        return f"{mark}{self.ratio:.2f}× {self.baseline_name}"
+
+
+def headline_rows(rows: pd.DataFrame, baseline_max_n: int | None = None) -> list[HeadlineRow]:
+    """One ``HeadlineRow`` per (model, workflow, CP config) with a measured max N, ordered by
+    model, workflow, cp and CP config; the largest max N of several probes of one configuration."""
+    if rows.empty:
+        return []
+    fits = rows[(rows["row"] == "max-fit") & rows["N_tokens"].notna()]
+    out = []
+    for (model, workflow), same_wf in fits.groupby(["model", "workflow"], sort=True):
+        cp1 = best_fit_per_cp(same_wf[same_wf["cp"] == 1])
+        for cp_config, grp in same_wf.groupby("CP config", sort=False):
+            best = grp.loc[[grp["N_tokens"].astype(int).idxmax()]]
+            row = best.iloc[0]
+            lower = bool(is_lower_bound(best).iloc[0])
+            reason = _reason(row) if lower else None
+            baseline: dict = {}
+            if baseline_max_n:
+                baseline = {"baseline_n": int(baseline_max_n), "baseline_name": "baseline"}
+            elif not cp1.empty and int(row["cp"]) != 1:
+                baseline = {"baseline_n": int(cp1["N_tokens"].iloc[0]), "baseline_name": "cp=1",
+                            "baseline_lower": bool(is_lower_bound(cp1).iloc[0])}
+            out.append(HeadlineRow(str(model), str(workflow), str(cp_config), int(row["cp"]), int(row["N_tokens"]),
+                                   reason, _note(row, reason), **baseline))
+    return sorted(out, key=lambda h: (h.model, h.workflow, h.cp, h.cp_config))
+
+
+def _reason(row) -> str:
+    reason = row.get("lower_bound")
+    if isinstance(reason, str) and reason:
+        return reason
+    if row["status"] == "incomplete":
+        return "stopped early"
+    cause = row.get("first_fail_status")
+    return "no failure" if not isinstance(cause, str) else ("timeout" if cause == "timeout" else f"first failure {cause}")
+
+
+def _note(row, reason: str | None) -> str:
+    """What bounds the figure: the out-of-memory above it, or why it is only a lower bound."""
+    timeout_n, fail_n = _int_or_none(row.get("timeout_n")), _int_or_none(row.get("first_fail_n"))
+    if reason is None:
+        return f"OOM at {fail_n:,}" if fail_n else ""
+    if reason == "timeout":
+        timeout_n = timeout_n or fail_n
+        return f"timeout at {timeout_n:,}" if timeout_n else "a point timed out"
+    if reason == "no failure":
+        return "no N failed"
+    if reason.startswith("first failure "):
+        cause = reason.split(" ", 2)[2]
+        return f"{cause} at {fail_n:,}" if fail_n else cause
+    return reason  # "stopped early", "unstable"
+
+
+def _int_or_none(value) -> int | None:
+    try:
+        return None if value is None or pd.isna(value) else int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def headline_section(headline: list[HeadlineRow]) -> str:
+    """The report's "Headline" section: one table row per configuration."""
+    text = ["## Headline", ""]
+    if not headline:
+        return "\n".join(text + ["No probe found a max N in these results."])
+    text += ["Max N per model, workflow and CP config (the largest measured where a configuration was "
+             "probed more than once). `≥`: a lower bound (the probe stopped early, no N ran out of memory, "
+             "a point timed out, or a re-run disagreed: unstable). The ratio compares against "
+             + ("the user-supplied baseline (`report.baseline_max_n`)." if any(h.baseline_name == "baseline"
+                                                                           for h in headline)
+                else "the cp=1 probe of the same model and workflow (any topology)."), "",
+             "| model | workflow | CP config | max N | vs baseline | note |", "|---|---|---|---|---|---|"]
+    for h in headline:
+        text.append(f"| {h.model} | {h.workflow} | {h.cp_config} | {h.max_n_text()} | {h.ratio_text() or '—'} | "
+                    f"{h.note or '—'} |")
+    return "\n".join(text)
+
+
+def readme_block(headline: list[HeadlineRow], context: str) -> str:
+    """The README's headline: a lead line naming ``context`` (device, date, dtype) and one list
+    item per configuration, e.g. ``- inference, 1d cp=2: max N 16,384 (1.33× cp=1; OOM at 24,576)``."""
+    with_model = len({h.model for h in headline}) > 1
+    lines = [f"Max N measured {context} (generated by `python -m cpbench.report`; `≥`: a lower bound):", ""]
+    for h in headline:
+        detail = "; ".join(t for t in (h.ratio_text(), h.note) if t)
+        what = f"{h.model} {h.workflow}" if with_model else h.workflow
+        lines.append(f"- {what}, {h.cp_config}: max N {h.max_n_text()}" + (f" ({detail})" if detail else ""))
+    if not headline:
+        lines.append("- no probe found a max N")
+    return "\n".join(lines)
+
+
+def replace_marked_block(path: Path, block: str) -> bool:
+    """Replace the text between ``README_START`` and ``README_END`` in ``path`` by ``block`` (the
+    markers stay); False, and the file unchanged, when the markers are missing or out of order."""
+    text = path.read_text()
+    start, end = text.find(README_START), text.find(README_END)
+    if start < 0 or end < start:
+        return False
+    new = text[:start + len(README_START)] + "\n" + block.strip("\n") + "\n" + text[end:]
+    if new != text:
+        path.write_text(new)
+    return True
+
+
+def run_context(records: list[dict], headline: list[HeadlineRow]) -> str:
+    """``on NVIDIA H200 (2026-11-30, boltz2, bf16)``: where and when the probes behind the headline ran."""
+    probes = [r for r in records if r.get("routine") == "probe"]
+    envs = [r.get("env") or {} for r in probes]
+    gpus = sorted({str(e["gpu_model"]) for e in envs if e.get("gpu_model")})
+    where = f"on {', '.join(gpus)}" if gpus else "on CPU"
+    dates = sorted({str(e["date"])[:10] for e in envs if e.get("date")})
+    details = [dates[0] if len(dates) == 1 else f"{dates[0]} … {dates[-1]}"] if dates else []
+    models = sorted({h.model for h in headline})
+    if len(models) == 1:
+        details.append(models[0])
+    dtypes = sorted({str((r.get("point") or {}).get("dtype")) for r in probes if (r.get("point") or {}).get("dtype")})
+    details += dtypes
+    return where + (f" ({', '.join(details)})" if details else "")
