@@ -6,6 +6,7 @@
 #         then the 64-block trunk pass (boltz2, trunk only) at N=2048 and N=512, cp=1, flex then torch;
 #         then one training step (64 blocks, checkpointing, AdamW) at N=1536, flex then torch,
 #         while the call's time lasts (each point starts only with enough time left).
+# CALL b: flex's pieces in isolation (attention static vs dynamic compile, fused passes) at N=2048, 512.
 set -u
 CALL=${1:?call name}
 OUT=${OUT:?set OUT}
@@ -39,6 +40,13 @@ case "$CALL" in
     point trunk512_torch 45 $TRUNK N=512 model.kernels=torch timing.timeout_s=60
     point train1536_flex 150 $TRAIN N=1536 model.kernels=flex timing.timeout_s=200
     point train1536_torch 150 $TRAIN N=1536 model.kernels=torch timing.timeout_s=200
+    ;;
+  b)  # where flex loses time: its pieces in isolation at N=2048 and N=512 (scripts/flex_microbench.py)
+    for n in 2048 512; do
+      t0=$(date +%s)
+      timeout 240 python3 scripts/flex_microbench.py --n $n --rows 128 --out "$OUT/flex_microbench_$n.json" > "$OUT/flex_microbench_$n.log" 2>&1
+      echo "phase flex_microbench_$n rc=$? $(( $(date +%s) - t0 )) s"; grep '^{' "$OUT/flex_microbench_$n.log"
+    done
     ;;
   *) echo "unknown call $CALL"; exit 2 ;;
 esac
