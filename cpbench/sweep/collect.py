@@ -274,10 +274,12 @@ def _probe_progress(out_dir: Path) -> dict:
         return {}
     points = state.get("points") or []
     fitting = [p["N"] for p in points if p.get("fits")]
-    failing = [p["N"] for p in points if not p.get("fits")]
+    # a timed-out point bounds nothing (as in the probe): in timed_out_n, never first_fail_n
+    failing = [p["N"] for p in points if not p.get("fits") and p.get("status") != "timeout"]
     return {"points": [{k: v for k, v in p.items() if k != "order"} for p in points],
             "max_n": max(fitting) if fitting else None,
-            "first_fail_n": min(failing) if failing else None, "depth": state.get("depth")}
+            "first_fail_n": min(failing) if failing else None,
+            "timed_out_n": sorted(p["N"] for p in points if p.get("status") == "timeout"), "depth": state.get("depth")}
 
 
 # ---------------------------------------------------------------------- later (wait=false)
