@@ -48,6 +48,15 @@ case "$CALL" in
       echo "phase flex_microbench_$n rc=$? $(( $(date +%s) - t0 )) s"; grep '^{' "$OUT/flex_microbench_$n.log"
     done
     ;;
+  c)  # call a again after flex's static compile (dynamic shapes had cost it 8x): parity, trunk pass
+    t0=$(date +%s)
+    timeout 150 python3 scripts/kernel_parity.py --n 256 --out "$OUT/kernel_parity.json" > "$OUT/kernel_parity.log" 2>&1
+    echo "phase kernel_parity rc=$? $(( $(date +%s) - t0 )) s"; grep '^{' "$OUT/kernel_parity.log" | cut -c1-400
+    point trunk2048_flex 150 $TRUNK N=2048 model.kernels=flex timing.timeout_s=200
+    point trunk2048_torch 130 $TRUNK N=2048 model.kernels=torch timing.timeout_s=150
+    point trunk512_flex 60 $TRUNK N=512 model.kernels=flex timing.timeout_s=90
+    point trunk512_torch 45 $TRUNK N=512 model.kernels=torch timing.timeout_s=60
+    ;;
   *) echo "unknown call $CALL"; exit 2 ;;
 esac
 nvidia-smi > "$OUT/nvidia-smi_after.txt" 2>&1

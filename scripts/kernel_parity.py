@@ -4,10 +4,11 @@
 
 One Pairformer block and the whole trunk (boltz2 widths, 4 blocks: the depth does not change
 what is compared), fresh random weights and inputs at N tokens, cp=1, in fp32 and bf16: the
-forward outputs and every parameter gradient (training path: a scalar loss over s and z), each
-reported as a norm-wise relative error against the ``torch`` backend. Prints one JSON line per
+inference outputs, each reported as a norm-wise relative error against the ``torch`` backend.
+Gradients are not compared: under autograd ``flex`` runs the ``torch`` kernels
+(``cpbench/models/pairformer/ops/kernels.py`` says why), so its training path is the reference. Prints one JSON line per
 comparison and writes them all to ``--out``. Tolerances: fp32 1e-3 (TF32 matmuls and a different
-softmax order), bf16 3e-2 (bf16 rounding of every activation).
+softmax order), bf16 5e-2 (bf16 rounding of every activation, over 4 blocks and a recycle).
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ import time
 
 import torch
 
-from cpbench.models.pairformer.adapter import PairformerAdapter, trunk_loss
+from cpbench.models.pairformer.adapter import PairformerAdapter
 from cpbench.models.pairformer.modules.block import PairformerBlock
 from cpbench.models.pairformer.ops import kernels
 from cpbench.models.pairformer.parallel.layout import serial_layout
 
-TOL = {"fp32": 1e-3, "bf16": 3e-2}
+TOL = {"fp32": 1e-3, "bf16": 5e-2}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SIZES = dict(c_s=384, c_z=128, blocks=4, heads_single=16, heads_tri=4, head_dim_tri=32, transition_factor=4,
              c_atom=128, c_atompair=16, atom_blocks=3, atom_heads=4, c_m=64, msa_blocks=1)
@@ -38,13 +39,12 @@ def block_run(backend: str, dtype: str, n: int, seed: int) -> dict:
     kernels.select(backend, torch.device("cuda"))
     torch.manual_seed(seed)
     block = PairformerBlock(384, 128, 16, 4, 32, 4).cuda().to(DTYPES[dtype])
-    s = torch.randn(n, 384, device="cuda", dtype=DTYPES[dtype], requires_grad=True)
-    z = torch.randn(n, n, 128, device="cuda", dtype=DTYPES[dtype], requires_grad=True)
+    s = torch.randn(n, 384, device="cuda", dtype=DTYPES[dtype])
+    z = torch.randn(n, n, 128, device="cuda", dtype=DTYPES[dtype])
     mask = torch.arange(n, device="cuda") < n - 7  # a few padded tokens
-    s_out, z_out = block(s, z, mask, serial_layout())
-    (s_out.float().square().mean() + z_out.float().square().mean()).backward()
-    return {"s": s_out.detach(), "z": z_out.detach(), "grad_s": s.grad, "grad_z": z.grad,
-            **{f"grad/{k}": p.grad for k, p in block.named_parameters()}}
+    with torch.no_grad():
+        s_out, z_out = block(s, z, mask, serial_layout())
+    return {"s": s_out, "z": z_out}
 
 
 def trunk_run(backend: str, dtype: str, n: int, seed: int) -> dict:
@@ -54,11 +54,8 @@ def trunk_run(backend: str, dtype: str, n: int, seed: int) -> dict:
     torch.manual_seed(seed + 1)
     batch = adapter.build_batch(n, 8 * n, 16, None, torch.device("cuda"))
     with torch.no_grad():
-        s_inf, z_inf = model(batch, model.layout)
-    s, z = model(batch, model.layout, checkpointing=True)
-    trunk_loss(s, z, batch["token_mask"], model.layout).backward()
-    return {"s_inference": s_inf, "z_inference": z_inf, "s": s.detach(), "z": z.detach(),
-            **{f"grad/{k}": p.grad for k, p in model.named_parameters() if p.grad is not None}}
+        s, z = model(batch, model.layout, recycles=1)
+    return {"s": s, "z": z}
 
 
 def compare(what: str, run, backend: str, dtype: str, n: int, seed: int) -> dict:
@@ -68,7 +65,7 @@ def compare(what: str, run, backend: str, dtype: str, n: int, seed: int) -> dict
     worst = max(((k, rel(got[k], ref[k])) for k in ref), key=lambda kv: kv[1])
     outputs = {k: rel(got[k], ref[k]) for k in ref if not k.startswith("grad/")}
     return {"what": what, "backend": backend, "dtype": dtype, "N": n, "seed": seed, "outputs": outputs,
-            "params_compared": sum(k.startswith("grad/") for k in ref), "worst": worst[0], "worst_rel": worst[1],
+            "worst": worst[0], "worst_rel": worst[1],
             "tol": TOL[dtype], "ok": worst[1] <= TOL[dtype], "seconds": round(time.perf_counter() - start, 1)}
 
 

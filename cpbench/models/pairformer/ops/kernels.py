@@ -13,10 +13,16 @@
 
 The selection is process-wide (one worker process runs one point): the adapter calls
 ``select(name, device)`` once in ``build_model``; ops ask ``active()``. Compilation happens at
-the first call of each compiled function in the process (``dynamic=True``: one compile serves
-every row-chunk size and N of the process, and inductor's on-disk cache serves the next
-process); ``compile_seconds()`` is the wall time those first calls took, which the adapter
-reports as its own stat so it stays apart from the timed steps.
+the first call of each compiled function per input shape in the process (``dynamic=False``:
+on one H200 a dynamic-shape flex kernel ran at 22 TFLOP/s against 188 for the static one,
+``docs/perf_notes.md``; a process sees one N and a few row-chunk sizes, and inductor's on-disk
+cache serves the next process); ``compile_seconds()`` is the wall time those first calls took,
+which the adapter reports as its own stat so it stays apart from the timed steps.
+
+Training (autograd on) runs the eager functions and SDPA under ``flex`` too: compiled regions
+inside the trunk's non-reentrant activation checkpoints recompute with other saved tensors
+than their forward saved (torch 2.11 raised a checkpoint metadata mismatch on the H200), so the
+compiled path is inference-only for now.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from typing import Callable
 import torch
 
 KERNELS = ("auto", "torch", "flex", "cueq")
+# Row-chunk sizes and ops differ per call site: one static compile per shape, more than dynamo's default 8.
+torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 _active = "torch"
 _compile_s = 0.0
 
@@ -67,22 +75,27 @@ def compile_seconds() -> float:
     return _compile_s
 
 
+def compiling(like: torch.Tensor | None) -> bool:
+    """Whether compiled kernels run for ``like``: ``flex`` on CUDA, without autograd."""
+    return _active == "flex" and like is not None and like.is_cuda and not torch.is_grad_enabled()
+
+
 def compiled(fn: Callable) -> Callable:
     """``fn`` under ``torch.compile`` when the ``flex`` backend runs on CUDA, else ``fn`` itself.
 
     The compiled function is built lazily (at its first CUDA call under ``flex``), and the time
-    of each first call per input signature (dtype, device, number of dims) counts as compile time.
+    of each first call per input signature (dtypes and shapes) counts as compile time.
     """
     state: dict = {"fn": None, "seen": set()}
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
         first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-        if _active != "flex" or first is None or not first.is_cuda:
+        if not compiling(first):
             return fn(*args, **kwargs)
         if state["fn"] is None:
-            state["fn"] = torch.compile(fn, dynamic=True)
-        key = tuple((a.dtype, a.dim()) for a in args if isinstance(a, torch.Tensor))
+            state["fn"] = torch.compile(fn, dynamic=False)
+        key = tuple((a.dtype, tuple(a.shape)) for a in args if isinstance(a, torch.Tensor))
         if key in state["seen"]:
             return state["fn"](*args, **kwargs)
         global _compile_s
