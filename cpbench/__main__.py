@@ -6,17 +6,25 @@
 
 A config mistake is one line ``cpbench: error: <key>=<value>: <what is allowed>`` on stderr
 and exit code 2, before any job starts.
+
+Ctrl-C (SIGINT) or SIGTERM ends the run cleanly: the exception unwinds through the harness, which
+kills the point's workers; every finished result.json and the probe's probe_state.json stay; one
+line on stderr says what was measured and the command that continues (``resume=true``); exit
+code 130 (SIGINT) or 143 (SIGTERM). Only this command line installs the handlers: SLURM tasks
+(submitted through submitit) keep the launcher's own SIGTERM handling (``cpbench.sweep.slurm``).
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
 from cpbench.config import ConfigError, check_group_choices, register_resolvers
-from cpbench.job import run_job
+from cpbench.job import interrupt_line, run_job
 from cpbench.results import summary
 
 register_resolvers()
@@ -39,12 +47,43 @@ def main(cfg: DictConfig) -> str:
     return text
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived (``signum``); unwinds like Ctrl-C, so the same cleanup runs."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _leave_now(signum: int, frame) -> None:
+    os._exit(128 + signum)  # a second signal during the cleanup: workers die with their parent
+
+
+def _interrupt(signum: int, frame) -> None:
+    signal.signal(signal.SIGINT, _leave_now)
+    signal.signal(signal.SIGTERM, _leave_now)
+    raise Interrupted(signum)
+
+
 def cli() -> None:
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        check_group_choices(sys.argv[1:])
-    except ConfigError as exc:
-        _fail(exc)
-    main()
+        try:
+            check_group_choices(sys.argv[1:])
+        except ConfigError as exc:
+            _fail(exc)
+        main()
+    except KeyboardInterrupt as exc:
+        signum = getattr(exc, "signum", signal.SIGINT)
+        sys.stdout.flush()
+        name = signal.Signals(signum).name
+        try:
+            line = interrupt_line(name, sys.argv[1:])
+        except Exception as err:  # noqa: BLE001 - the exit must stay one line
+            line = f"cpbench: interrupted by {name} ({type(err).__name__} while listing what was measured)"
+        print(line, file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum) from None
 
 
 if __name__ == "__main__":

@@ -8,12 +8,16 @@ too few GPUs raises ``ConfigError`` (the CLI turns it into one line and exit cod
 ``resume=true`` skips a point whose result.json (in its own output directory, or anywhere in
 the sweep directory) carries the same signature: the resolved config minus
 resume/report/hydra, plus the code version (``cpbench.results.point_signature``).
+
+An interrupted job (Ctrl-C, SIGTERM: ``cpbench.__main__`` turns both into ``KeyboardInterrupt``)
+leaves what it finished on disk; ``interrupt_line`` says what that was and how to continue.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,9 +76,36 @@ def _gpu_shortage(point: Point, slots: Slots) -> str | None:
     return None
 
 
+@dataclass
+class _Seen:
+    """What this process ran so far (read by ``interrupt_line``)."""
+
+    job: JobContext | None = None          # the job started last
+    routine: str | None = None             # its routine
+    finished: set = field(default_factory=set)   # job numbers that returned (multirun)
+    sweep_points: list[list[str]] | None = None  # every sweep point's overrides, in job order
+    sweep_dir: Path | None = None
+    launcher: str | None = None            # hydra.launcher._target_ of the multirun
+
+
+_seen = _Seen()
+
+
+def note_sweep(points: list[list[str]], sweep_dir: Path, launcher: str | None) -> None:
+    """The multirun's points (called by ``cpbench.sweep.callbacks`` before any job starts)."""
+    _seen.sweep_points, _seen.sweep_dir, _seen.launcher = points, sweep_dir, launcher
+
+
 def run_job(cfg: DictConfig) -> dict:
     """Run one sweep point and write its result record; returns the record."""
     ctx = hydra_context()
+    _seen.job, _seen.routine = ctx, cfg.get("routine")
+    record = _run_job(cfg, ctx)
+    _seen.finished.add(ctx.job_num)
+    return record
+
+
+def _run_job(cfg: DictConfig, ctx: JobContext) -> dict:
     note = cpu_default_model(cfg, ctx.model_choice, ctx.overrides)
     if note:
         log.info("cpbench: %s", note)
@@ -173,3 +204,86 @@ def _progress(job_num: int | None) -> str:
         return ""
     total = os.environ.get(SWEEP_TOTAL_ENV)
     return f"[{job_num + 1}/{total}] " if total else f"[{job_num + 1}] "
+
+
+# ---------------------------------------------------------------- interrupted (Ctrl-C, SIGTERM)
+
+_DIR_OVERRIDES = ("resume=", "+resume=", "++resume=", "hydra.run.dir=", "hydra.sweep.dir=")
+_LISTED = 8  # pending sweep points named in the line; the rest are counted
+
+
+def interrupt_line(signal_name: str, argv: list[str]) -> str:
+    """The one line ``python -m cpbench`` prints when a signal ends it: what is on disk (the
+    probe points so far, the sweep points without a result) and the command that continues."""
+    ctx, sweep = _seen.job, _seen.sweep_points is not None or (_seen.job is not None and _seen.job.multirun)
+    head = f"cpbench: interrupted by {signal_name}"
+    if sweep:
+        sweep_dir = (ctx.sweep_dir if ctx is not None and ctx.sweep_dir is not None else _seen.sweep_dir)
+        body = _sweep_progress(ctx, sweep_dir)
+        again = _continue_command(argv, "hydra.sweep.dir", sweep_dir)
+    elif ctx is None:
+        return f"{head} before the job started: nothing measured; run again with: {_continue_command(argv, None, None)}"
+    else:
+        body = _job_progress(ctx, _seen.routine)
+        again = _continue_command(argv, "hydra.run.dir", ctx.out_dir)
+    return f"{head}: {body}; continue with: {again}"
+
+
+def _job_progress(ctx: JobContext, routine: str | None) -> str:
+    """What one job left on disk."""
+    if (ctx.out_dir / results.RESULT_FILE).exists():
+        return f"the job had finished ({ctx.out_dir / results.RESULT_FILE})"
+    if routine != "probe":
+        return f"the {routine or 'job'} had not finished (no result.json in {ctx.out_dir})"
+    state = ctx.out_dir / results.PROBE_STATE_FILE
+    try:
+        points = results.read_json(state).get("points") or []
+    except (OSError, ValueError, AttributeError):
+        points = []
+    if not points:
+        return "no probe point had finished"
+    done = ", ".join(f"N={p.get('N')} {'fits' if p.get('fits') else p.get('status')}" for p in points)
+    return f"probe points {done} (kept in {state})"
+
+
+def _sweep_progress(ctx: JobContext | None, sweep_dir: Path | None) -> str:
+    """Which sweep points have no result yet (a job that returned, or a result.json in its
+    default job directory ``<sweep dir>/<num>``, counts as done)."""
+    points = _seen.sweep_points
+    total = len(points) if points is not None else int(os.environ.get(SWEEP_TOTAL_ENV) or 0)
+
+    def done(num: int) -> bool:
+        return num in _seen.finished or (sweep_dir is not None and (sweep_dir / str(num) / results.RESULT_FILE).exists())
+
+    have = [n for n in range(total) if done(n)]
+    running = ctx.job_num if ctx is not None and ctx.job_num is not None and ctx.job_num not in have else None
+    pending = [n for n in range(total) if n not in have and n != running]
+    slurm = bool(_seen.launcher) and "slurm" in _seen.launcher.lower()
+
+    def name(num: int) -> str:
+        """``#3 (cp=4 N=2048)``: the job number and the overrides that tell it from the others."""
+        if points is None or num >= len(points):
+            return f"#{num}"
+        own = " ".join(o for o in points[num] if not all(o in other for other in points))
+        return f"#{num} ({own})" if own else f"#{num}"
+
+    parts = [f"{len(have)} of {total} sweep points have their result"]
+    if running is not None:
+        parts.append(f"interrupted {name(running)}, {_job_progress(ctx, _seen.routine)}")
+    if pending:
+        listed = ", ".join(name(n) for n in pending[:_LISTED])
+        more = f" and {len(pending) - _LISTED} more" if len(pending) > _LISTED else ""
+        parts.append(f"{'without a result yet' if slurm else 'not started'} {listed}{more}")
+    if slurm:
+        parts.append("jobs already submitted to SLURM keep running (scancel them, or continue once they end)")
+    return "; ".join(parts)
+
+
+def _continue_command(argv: list[str], dir_key: str | None, directory: Path | None) -> str:
+    """``python -m cpbench <the same arguments> resume=true <dir_key>=<directory>``."""
+    args = [a for a in argv if not a.startswith(_DIR_OVERRIDES)]
+    if dir_key is not None:
+        args.append("resume=true")
+        if directory is not None:
+            args.append(f"{dir_key}={directory}")
+    return " ".join(["python", "-m", "cpbench", *(shlex.quote(a) for a in args)])

@@ -86,19 +86,20 @@ class Runner:
         started = time.time()
         port = self.group.worker_port()
         work_dir = Path(tempfile.mkdtemp(prefix=f"cpbench-N{task.N}-"))
-        procs: list[tuple[int, subprocess.Popen]] = []
+        procs: list[tuple[int, subprocess.Popen]] = []  # filled as they start: the finally sees each one
         try:
-            procs = self._spawn(task, port, work_dir)
+            self._spawn(task, port, work_dir, procs)
             timed_out = self._wait(procs, task.timeout_s)
             local = [self._outcome(rank, proc, work_dir, timed_out) for rank, proc in procs]
         finally:
-            self._kill(procs)  # no-op when all exited; on an exception (Ctrl-C, SIGTERM) ends them
+            # no-op when all exited; on an exception (Ctrl-C, SIGTERM: cpbench.__main__) ends them
+            self._kill(procs)
             shutil.rmtree(work_dir, ignore_errors=True)
         ranks = sorted(self.group.gather(local), key=lambda r: r["rank"])
         status, message = verdict(ranks, timed_out, task.timeout_s)
         return PointResult(status, message, ranks, time.time() - started)
 
-    def _spawn(self, task: PointRun, port: int, work_dir: Path) -> list[tuple[int, subprocess.Popen]]:
+    def _spawn(self, task: PointRun, port: int, work_dir: Path, procs: list[tuple[int, subprocess.Popen]]) -> None:
         p = self.point
         spec = {
             "device": p.device, "world_size": self.slots.world_size, "master_addr": self.slots.master_addr
@@ -117,15 +118,12 @@ class Runner:
         alloc_conf = worker_alloc_conf(p)
         if alloc_conf is not None:
             env["PYTORCH_CUDA_ALLOC_CONF"] = alloc_conf
-        procs = []
         for rank, dev in zip(self.slots.ranks, self.slots.device_indices):
-            logf = open(work_dir / f"rank{rank}.log", "wb")
-            # A new session per worker: its whole process group can be killed at once.
-            procs.append((rank, subprocess.Popen(
-                [sys.executable, "-m", "cpbench.harness.worker", str(work_dir / "spec.json"), str(rank), str(dev)],
-                stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)))
-            logf.close()
-        return procs
+            with open(work_dir / f"rank{rank}.log", "wb") as logf:
+                # A new session per worker: its whole process group can be killed at once.
+                procs.append((rank, subprocess.Popen(
+                    [sys.executable, "-m", "cpbench.harness.worker", str(work_dir / "spec.json"), str(rank), str(dev)],
+                    stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)))
 
     def _wait(self, procs: list[tuple[int, subprocess.Popen]], timeout_s: float) -> bool:
         """Poll until every rank is done; kill all on a failure (after a grace) or the timeout.

@@ -2,7 +2,9 @@
 
 * ``on_multirun_start``: expand the sweep exactly as Hydra's BasicSweeper does, compose every
   point with the config loader's ``load_sweep_config`` and validate it; one bad point stops
-  the multirun before any job starts (one line on stderr, exit code 2).
+  the multirun before any job starts (one line on stderr, exit code 2). It sets
+  ``CPBENCH_SWEEP_TOTAL`` and tells the job module the sweep's points (an interrupted multirun
+  lists those without a result).
 * ``on_multirun_end``: aggregate every result.json under the sweep directory into the report
   (``cpbench.report.build_report``), also when some jobs failed.
 """
@@ -19,7 +21,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from cpbench.config import ConfigError, InputFileError, resolve_point
-from cpbench.job import SWEEP_TOTAL_ENV
+from cpbench.job import SWEEP_TOTAL_ENV, note_sweep
 
 log = logging.getLogger("cpbench")
 
@@ -79,6 +81,9 @@ class CpbenchCallback(Callback):
             # SystemExit passes through Hydra's error reporting: one line, no traceback.
             raise SystemExit(2) from None
         os.environ[SWEEP_TOTAL_ENV] = str(total)
+        # What an interrupted multirun lists as not started (cpbench.job.interrupt_line).
+        note_sweep(sweep_overrides(config), Path(config.hydra.sweep.dir),
+                   OmegaConf.select(config, "hydra.launcher._target_"))
         log.info("cpbench: %d sweep points validated", total)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
