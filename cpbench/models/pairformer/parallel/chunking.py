@@ -9,18 +9,46 @@ recomputes one chunk at a time). The budget:
 * CPU: a quarter of the local pair shard, so transients scale with the shard like on a full GPU.
 
 Tests force tiny chunks with ``override_budget`` to exercise the chunked paths.
+
+Fail fast near the limit: a CUDA budget is a reading of free memory, so when it does not hold
+even ``MIN_ROWS_PER_CHUNK`` rows of an op, the device is out of memory at this N for practical
+purposes; rather than crawl through the op a row at a time (a probe point that runs for many
+minutes before the next N fails anyway), ``rows_per_chunk`` raises ``ChunkBudgetFloor``, an
+out-of-memory error the harness records as ``oom``. Only budgets read from free memory
+(``FreeMemoryBudget``) carry the floor: the CPU budget is a size (a quarter of the pair shard,
+which fits less than one row of some ops at small N and runs fine), an override is a choice.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Iterator
 
 import torch
 
 _CUDA_FREE_FRACTION = 0.4
 _CPU_FLOOR_BYTES = 128 << 10  # below this, per-chunk overhead dominates tiny CPU runs
+# A free-memory budget that holds fewer rows than this (or than the op has) means out of memory:
+# one to three rows per chunk is where an op crawls (n_rows chunks, each too small to be fast).
+MIN_ROWS_PER_CHUNK = 4
 _override_bytes: int | None = None
+
+
+class ChunkBudgetFloor(torch.OutOfMemoryError):
+    """The free-memory budget holds fewer than ``MIN_ROWS_PER_CHUNK`` rows of an op: out of
+    memory at this N (a budget floor, not an allocator failure; ``harness.memory.is_oom``
+    counts it as out of memory like any ``torch.OutOfMemoryError``)."""
+
+
+class FreeMemoryBudget(int):
+    """A chunk budget in bytes read from free device memory (``budget_bytes`` on CUDA): only such
+    a budget can say "out of memory". Integer halving (``budget // 2``) keeps the kind; other
+    arithmetic gives a plain int (no floor: the floor errs towards running the op)."""
+
+    def __floordiv__(self, other):
+        out = int.__floordiv__(self, other)
+        return FreeMemoryBudget(out) if isinstance(other, int) and out is not NotImplemented else out
 
 
 @contextlib.contextmanager
@@ -46,7 +74,7 @@ def budget_bytes(pair: torch.Tensor) -> int:
     if _override_bytes is not None:
         return _override_bytes
     if pair.is_cuda:
-        return int(_cuda_free_bytes(pair.device) * _CUDA_FREE_FRACTION)
+        return FreeMemoryBudget(_cuda_free_bytes(pair.device) * _CUDA_FREE_FRACTION)
     return max(pair.numel() * pair.element_size() // 4, _CPU_FLOOR_BYTES)
 
 
@@ -67,16 +95,38 @@ def training_budget_bytes(pair: torch.Tensor) -> int:
     budget measured after leaving room for that block's backward (``BACKWARD_PAIRS`` tensors
     the size of ``pair``). Without it the budget is 40 % of a free memory that the backward
     then fills, and a step that fits in the forward fails in the backward (docs/perf_notes.md,
-    training max N). CPU: the default (a quarter of the pair shard)."""
+    training max N). CPU: the default (a quarter of the pair shard). A plain int: it has a
+    minimum of its own, so it never carries the ``rows_per_chunk`` floor."""
     if _override_bytes is not None or not pair.is_cuda:
         return budget_bytes(pair)
     room_b = _cuda_free_bytes(pair.device) - BACKWARD_PAIRS * pair.numel() * pair.element_size()
     return max(int(room_b * _CUDA_FREE_FRACTION), _MIN_TRAINING_BUDGET_BYTES)
 
 
+def _rows_fit(n_rows: int, bytes_per_row: int, budget_b: int) -> int:
+    return max(1, min(n_rows, int(budget_b) // max(1, bytes_per_row)))
+
+
 def rows_per_chunk(n_rows: int, bytes_per_row: int, budget_b: int) -> int:
-    """How many rows of ``bytes_per_row`` transient bytes fit ``budget_b`` (at least 1)."""
-    return max(1, min(n_rows, budget_b // max(1, bytes_per_row)))
+    """How many rows of ``bytes_per_row`` transient bytes fit ``budget_b`` (at least 1).
+
+    Raises:
+        ChunkBudgetFloor: ``budget_b`` is a ``FreeMemoryBudget`` that holds fewer than
+            ``min(n_rows, MIN_ROWS_PER_CHUNK)`` rows (out of memory at this N).
+    """
+    if isinstance(budget_b, FreeMemoryBudget) and budget_b < bytes_per_row * min(n_rows, MIN_ROWS_PER_CHUNK):
+        mib = float(1 << 20)
+        raise ChunkBudgetFloor(
+            f"chunk budget floor: {_caller()} needs {bytes_per_row / mib:.1f} MiB per row "
+            f"(at least {min(n_rows, MIN_ROWS_PER_CHUNK)} of {n_rows} rows per chunk), budget "
+            f"{budget_b / mib:.1f} MiB of free memory: out of memory at this N")
+    return _rows_fit(n_rows, bytes_per_row, budget_b)
+
+
+def _caller() -> str:
+    """``module.function`` of the op that asked ``rows_per_chunk`` (for the floor's message)."""
+    frame = sys._getframe(2)
+    return f"{frame.f_globals.get('__name__', '?').rsplit('.', 1)[-1]}.{frame.f_code.co_name}"
 
 
 def slices(n: int, size: int) -> Iterator[slice]:
@@ -87,6 +137,10 @@ def slices(n: int, size: int) -> Iterator[slice]:
 
 def divisor_chunk(n: int, bytes_per_unit: int, budget_b: int) -> int:
     """The largest divisor of ``n`` whose ``bytes_per_unit`` multiples fit ``budget_b`` (>= 1);
-    used for channel chunks, which should split the channels evenly."""
-    fit = rows_per_chunk(n, bytes_per_unit, budget_b)
+    used for channel chunks, which should split the channels evenly.
+
+    No floor: at most ``n`` chunks (the channels, a model width, not N), so it cannot crawl as
+    N grows, and callers pass what is left of a budget (``max(budget - 2 * pair, 0)``), which
+    is legitimately zero near the limit in training."""
+    fit = _rows_fit(n, bytes_per_unit, budget_b)
     return max(d for d in range(1, fit + 1) if n % d == 0)

@@ -1,0 +1,58 @@
+"""Chunk budgets: the floor that turns a free-memory budget too small to hold an op's rows into
+an out-of-memory verdict at once, and only such a budget (CPU and forced budgets never fail)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cpbench.harness.memory import is_oom
+from cpbench.models.pairformer.parallel import chunking
+from cpbench.models.pairformer.parallel.chunking import (
+    MIN_ROWS_PER_CHUNK,
+    ChunkBudgetFloor,
+    FreeMemoryBudget,
+    divisor_chunk,
+    rows_per_chunk,
+)
+
+MIB = 1 << 20
+
+
+def test_a_free_memory_budget_below_one_row_is_out_of_memory():
+    with pytest.raises(ChunkBudgetFloor) as info:
+        rows_per_chunk(4096, 8 * MIB, FreeMemoryBudget(3 * MIB))
+    message = str(info.value)
+    assert message.startswith("chunk budget floor: ") and "out of memory at this N" in message
+    assert "8.0 MiB per row" in message and "budget 3.0 MiB" in message
+    assert is_oom(info.value) and isinstance(info.value, torch.OutOfMemoryError)
+
+
+def test_the_floor_is_a_few_rows_or_every_row_of_a_short_op():
+    budget = FreeMemoryBudget((MIN_ROWS_PER_CHUNK - 1) * MIB)
+    with pytest.raises(ChunkBudgetFloor):
+        rows_per_chunk(1024, MIB, budget)
+    assert rows_per_chunk(MIN_ROWS_PER_CHUNK - 1, MIB, budget) == MIN_ROWS_PER_CHUNK - 1  # all rows fit
+    assert rows_per_chunk(1024, MIB, FreeMemoryBudget(MIN_ROWS_PER_CHUNK * MIB)) == MIN_ROWS_PER_CHUNK
+
+
+def test_halving_a_free_memory_budget_keeps_its_floor():
+    half = FreeMemoryBudget(10 * MIB) // 2
+    assert isinstance(half, FreeMemoryBudget) and half == 5 * MIB
+    with pytest.raises(ChunkBudgetFloor):
+        rows_per_chunk(1024, 2 * MIB, half)
+
+
+def test_plain_budgets_run_one_row_at_a_time_as_before():
+    """CPU budgets (a quarter of the pair shard) and forced ones are sizes, not memory readings."""
+    assert rows_per_chunk(4096, 8 * MIB, 3 * MIB) == 1
+    pair = torch.zeros(16, 32, 8)
+    assert not isinstance(chunking.budget_bytes(pair), FreeMemoryBudget)
+    with chunking.override_budget(1):
+        assert rows_per_chunk(4096, MIB, chunking.budget_bytes(pair)) == 1
+
+
+def test_channel_chunks_have_no_floor():
+    """At most c chunks, whatever N: a zero remainder of a budget still runs channel by channel."""
+    assert divisor_chunk(128, MIB, FreeMemoryBudget(0)) == 1
+    assert divisor_chunk(128, MIB, FreeMemoryBudget(64 * MIB)) == 64
