@@ -4,9 +4,9 @@
 
 One Pairformer block and the whole trunk (boltz2 widths, 4 blocks: the depth does not change
 what is compared), fresh random weights and inputs at N tokens, cp=1, in fp32 and bf16: the
-inference outputs, each reported as a norm-wise relative error against the ``torch`` backend.
-Gradients are not compared: under autograd ``flex`` runs the ``torch`` kernels
-(``cpbench/models/pairformer/ops/kernels.py`` says why), so its training path is the reference. Prints one JSON line per
+inference outputs, and for the training path (checkpointed trunk, the block with autograd) the
+outputs and every parameter gradient, each reported as a norm-wise relative error against the
+``torch`` backend. Prints one JSON line per
 comparison and writes them all to ``--out``. Tolerances: fp32 1e-3 (TF32 matmuls and a different
 softmax order), bf16 5e-2 (bf16 rounding of every activation, over 4 blocks and a recycle).
 """
@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from cpbench.models.pairformer.adapter import PairformerAdapter
+from cpbench.models.pairformer.adapter import PairformerAdapter, trunk_loss
 from cpbench.models.pairformer.modules.block import PairformerBlock
 from cpbench.models.pairformer.ops import kernels
 from cpbench.models.pairformer.parallel.layout import serial_layout
@@ -43,8 +43,12 @@ def block_run(backend: str, dtype: str, n: int, seed: int) -> dict:
     z = torch.randn(n, n, 128, device="cuda", dtype=DTYPES[dtype])
     mask = torch.arange(n, device="cuda") < n - 7  # a few padded tokens
     with torch.no_grad():
-        s_out, z_out = block(s, z, mask, serial_layout())
-    return {"s": s_out, "z": z_out}
+        s_inf, z_inf = block(s.clone(), z.clone(), mask, serial_layout())
+    s, z = s.requires_grad_(), z.requires_grad_()
+    s_out, z_out = block(s, z, mask, serial_layout())
+    (s_out.float().square().mean() + z_out.float().square().mean()).backward()
+    return {"s_inference": s_inf, "z_inference": z_inf, "s": s_out.detach(), "z": z_out.detach(),
+            "grad_s": s.grad, "grad_z": z.grad, **{f"grad/{k}": p.grad for k, p in block.named_parameters()}}
 
 
 def trunk_run(backend: str, dtype: str, n: int, seed: int) -> dict:
@@ -54,17 +58,23 @@ def trunk_run(backend: str, dtype: str, n: int, seed: int) -> dict:
     torch.manual_seed(seed + 1)
     batch = adapter.build_batch(n, 8 * n, 16, None, torch.device("cuda"))
     with torch.no_grad():
-        s, z = model(batch, model.layout, recycles=1)
-    return {"s": s, "z": z}
+        s_inf, z_inf = model(batch, model.layout, recycles=1)
+    s, z = model(batch, model.layout, checkpointing=True)
+    trunk_loss(s, z, batch["token_mask"], model.layout).backward()
+    return {"s_inference": s_inf, "z_inference": z_inf, "s": s.detach(), "z": z.detach(),
+            **{f"grad/{k}": p.grad for k, p in model.named_parameters() if p.grad is not None}}
 
 
 def compare(what: str, run, backend: str, dtype: str, n: int, seed: int) -> dict:
+    kernels.compile_training(True)  # the training path under test is the compiled one
     ref = run("torch", dtype, n, seed)
     start = time.perf_counter()
     got = run(backend, dtype, n, seed)
     worst = max(((k, rel(got[k], ref[k])) for k in ref), key=lambda kv: kv[1])
     outputs = {k: rel(got[k], ref[k]) for k in ref if not k.startswith("grad/")}
+    grads = sorted(rel(got[k], ref[k]) for k in ref if k.startswith("grad/"))
     return {"what": what, "backend": backend, "dtype": dtype, "N": n, "seed": seed, "outputs": outputs,
+            "params_compared": len(grads), "param_grad_median_rel": grads[len(grads) // 2] if grads else None,
             "worst": worst[0], "worst_rel": worst[1],
             "tol": TOL[dtype], "ok": worst[1] <= TOL[dtype], "seconds": round(time.perf_counter() - start, 1)}
 

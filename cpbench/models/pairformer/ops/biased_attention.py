@@ -5,9 +5,9 @@ Triangle attention attends every row of the pair tensor with the same ``[heads, 
 
 * ``torch``: ``F.scaled_dot_product_attention`` with the bias expanded over the rows (cuDNN or
   the memory-efficient kernel on CUDA, the math kernel on a CPU).
-* ``flex``: ``flex_attention`` reading the bias in ``score_mod``; compiled on CUDA without
-  autograd, eager on a CPU (forward only); with autograd on CUDA the ``torch`` kernel runs
-  (``kernels.py`` says why).
+* ``flex``: ``flex_attention`` reading the bias in ``score_mod``; compiled on CUDA, eager on a
+  CPU (forward only); with autograd the ``torch`` kernel runs unless ``kernels.compile_training``
+  (then compiled flex's backward gives gradients into q, k, v and the bias).
 * ``cueq``: ``cuequivariance_torch.triangle_attention`` (its ``(N, H, Q, D)`` layout with B = 1 is
   ours: rows, heads, queries, head dim; it casts the bias to fp32). Its log-sum-exp is "for
   special use only", so ``biased_attention_lse`` (the 2d ring) runs the ``torch`` kernel there.
@@ -54,8 +54,8 @@ def _flex_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
 def biased_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """``softmax(q kᵀ/√d + bias) v`` for every row; autograd-aware under ``torch`` (and ``flex``
     on CUDA). Args and returns: see the module docstring."""
-    if kernels.active() == "flex" and (kernels.compiling(q) or not q.is_cuda):
-        return _flex(q, k, v, bias)  # compiled on CUDA; eager (forward only) on a CPU
+    if kernels.compiling(q) or (kernels.active() == "flex" and not torch.is_grad_enabled()):
+        return _flex(q, k, v, bias)  # compiled on CUDA; eager on a CPU (forward only)
     if kernels.active() == "cueq":
         import cuequivariance_torch  # present: kernels.resolve checked it
 
@@ -66,7 +66,7 @@ def biased_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
 def biased_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(o, lse)`` of ``biased_attention`` without autograd; ``lse`` fp32 ``[rows, heads, Lq]``."""
-    if kernels.active() == "flex" and (kernels.compiling(q) or not q.is_cuda):
+    if kernels.compiling(q) or (kernels.active() == "flex" and not q.is_cuda):
         o, lse = _flex_lse(q, k, v, bias)
         return o, lse.float()
     return sdpa_with_lse(q, k, v, bias.unsqueeze(0).expand(q.shape[0], -1, -1, -1))

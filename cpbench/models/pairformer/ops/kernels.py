@@ -19,10 +19,12 @@ on one H200 a dynamic-shape flex kernel ran at 22 TFLOP/s against 188 for the st
 cache serves the next process); ``compile_seconds()`` is the wall time those first calls took,
 which the adapter reports as its own stat so it stays apart from the timed steps.
 
-Training (autograd on) runs the eager functions and SDPA under ``flex`` too: compiled regions
-inside the trunk's non-reentrant activation checkpoints recompute with other saved tensors
-than their forward saved (torch 2.11 raised a checkpoint metadata mismatch on the H200), so the
-compiled path is inference-only for now.
+Training (autograd on) runs the eager passes and the ``torch`` attention under ``flex`` unless
+``compile_training(True)``: the first GPU attempt (dynamic shapes) failed, with a checkpoint
+metadata mismatch in the recompute of a checkpointed region and, in one block without
+checkpointing, parameter gradients far from the ``torch`` path's (``docs/perf_notes.md``).
+``scripts/kernel_parity.py`` checks the static-shape training path on a GPU with the switch on;
+it becomes the default only once that comparison passes. On a CPU flex has no backward.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ KERNELS = ("auto", "torch", "flex", "cueq")
 torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 _active = "torch"
 _compile_s = 0.0
+_compile_training = False
 
 
 class KernelError(ValueError):
@@ -75,9 +78,17 @@ def compile_seconds() -> float:
     return _compile_s
 
 
+def compile_training(on: bool) -> None:
+    """Whether ``flex`` compiles under autograd too (off by default; see the module docstring)."""
+    global _compile_training
+    _compile_training = bool(on)
+
+
 def compiling(like: torch.Tensor | None) -> bool:
-    """Whether compiled kernels run for ``like``: ``flex`` on CUDA, without autograd."""
-    return _active == "flex" and like is not None and like.is_cuda and not torch.is_grad_enabled()
+    """Whether compiled kernels run for ``like``: ``flex`` on CUDA, without autograd unless
+    ``compile_training(True)``."""
+    return (_active == "flex" and like is not None and like.is_cuda
+            and (_compile_training or not torch.is_grad_enabled()))
 
 
 def compiled(fn: Callable) -> Callable:
