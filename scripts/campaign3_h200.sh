@@ -57,7 +57,19 @@ case "$CALL" in
     point trunk512_flex 60 $TRUNK N=512 model.kernels=flex timing.timeout_s=90
     point trunk512_torch 45 $TRUNK N=512 model.kernels=torch timing.timeout_s=60
     ;;
+  d)  # #18: the cp=1 trunk-only max N, predicted bracket + verification, flex, granularity 512;
+      # then the compiled training path's GPU parity (kernels.compile_training) while time lasts
+    point probe_trunk_cp1_flex 300 model=boltz2 workflow.sampling=false workflow.recycles=0 routine=probe cp=1 \
+      model.kernels=flex probe.depth=1 probe.start=2048 probe.granularity=512 probe.strategy=predict \
+      probe.verify=true probe.timeout_s=120 probe.budget_s=$(( $(left) - 150 ))
+    grep -h "probe N=\|predict\|verify\|bracket" "$OUT/probe_trunk_cp1_flex.log" | cut -c1-300
+    t0=$(date +%s)
+    timeout $(( $(left) - 10 )) python3 scripts/kernel_parity.py --n 256 --out "$OUT/kernel_parity_training.json" > "$OUT/kernel_parity_training.log" 2>&1
+    echo "phase kernel_parity_training rc=$? $(( $(date +%s) - t0 )) s"; grep '^{' "$OUT/kernel_parity_training.log" | cut -c1-500
+    ;;
   *) echo "unknown call $CALL"; exit 2 ;;
 esac
 nvidia-smi > "$OUT/nvidia-smi_after.txt" 2>&1
+# Only a few files of a call come back from the GPU machine: everything also goes into one archive.
+tar czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")" && mv "$OUT.tgz" "$OUT/all.tgz"
 echo "done in $(( $(date +%s) - START )) s"
