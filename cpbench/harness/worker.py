@@ -71,12 +71,14 @@ def run_rank(spec: dict, rank: int, device_index: int, outcome: dict) -> None:
         **({"device_id": device} if device.type == "cuda" else {}),
     )
     mesh = init_device_mesh(device.type, tuple(spec["mesh_shape"]), mesh_dim_names=tuple(spec["mesh_dim_names"]))
+    # The model's code is imported before the cap: on a CPU the cap counts what the point
+    # allocates, not the modules its adapter happens to import (torch._dynamo alone is tens of MiB).
+    adapter = load_adapter(spec["model"])
     _barrier(device)  # every rank's transport is up before the cap is measured from here
 
     outcome["memory_limit"] = memory.apply_limit(spec["memory_limit_gib"], device)
     peak = memory.PeakMemory(device)
     outcome["memory_measure"] = peak.measure
-    adapter = load_adapter(spec["model"])
     peak.reset()
 
     torch.manual_seed(spec["seed"])

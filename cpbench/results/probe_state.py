@@ -13,7 +13,6 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from cpbench.config import mesh_for
 from cpbench.results.record import RESULT_FILE, max_over_ranks, read_json
 
 PROBE_STATE_FILE = "probe_state.json"  # written by cpbench.routines.probe after every probe point
@@ -94,6 +93,8 @@ def incomplete_probe(state_path: Path) -> dict | None:
 def _point_from_config(config: dict) -> dict | None:
     """The ``point`` block of an older probe_state.json (no ``point`` in it) from the job's
     composed config; None when cp was left to ``auto`` (not knowable after the fact)."""
+    from cpbench.config import mesh_for  # here: omegaconf and the input readers cost a worker 0.3 s
+
     cp, topology = config.get("cp"), config.get("topology") or {}
     if not isinstance(cp, int):
         return None
