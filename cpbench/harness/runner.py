@@ -37,7 +37,8 @@ log = logging.getLogger("cpbench")
 
 POLL_S = 0.1
 # Peers of a failed rank usually sit in a collective that never returns: after this grace
-# period (enough for them to report an error of their own) they are killed.
+# period (enough for them to report an error of their own) they are killed. A rank out of
+# memory needs no grace: it is the verdict whatever the peers report (``verdict``).
 FAIL_GRACE_S = 3.0
 # Messages of ranks that failed only because a peer died first.
 _PEER_FAILURE_MARKERS = ("connection closed by peer", "connection reset", "broken pipe", "peer",
@@ -89,7 +90,7 @@ class Runner:
         procs: list[tuple[int, subprocess.Popen]] = []  # filled as they start: the finally sees each one
         try:
             self._spawn(task, port, work_dir, procs)
-            timed_out = self._wait(procs, task.timeout_s)
+            timed_out = self._wait(procs, task.timeout_s, work_dir)
             local = [self._outcome(rank, proc, work_dir, timed_out) for rank, proc in procs]
         finally:
             # no-op when all exited; on an exception (Ctrl-C, SIGTERM: cpbench.__main__) ends them
@@ -125,8 +126,9 @@ class Runner:
                     [sys.executable, "-m", "cpbench.harness.worker", str(work_dir / "spec.json"), str(rank), str(dev)],
                     stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)))
 
-    def _wait(self, procs: list[tuple[int, subprocess.Popen]], timeout_s: float) -> bool:
-        """Poll until every rank is done; kill all on a failure (after a grace) or the timeout.
+    def _wait(self, procs: list[tuple[int, subprocess.Popen]], timeout_s: float, work_dir: Path) -> bool:
+        """Poll until every rank is done; kill all on a failure (at once when a rank ran out of
+        memory, else after a grace) or the timeout.
 
         Returns whether the point timed out. Every supervisor runs the same number of
         all-reduces per loop, so the loop ends on the same iteration everywhere.
@@ -134,16 +136,18 @@ class Runner:
         deadline = time.monotonic() + timeout_s
         failed_at = None
         while True:
-            codes = [proc.poll() for _, proc in procs]
-            local_failed = int(any(c not in (None, 0) for c in codes))
-            local_running = int(any(c is None for c in codes))
+            codes = [(rank, proc.poll()) for rank, proc in procs]
+            failed_ranks = [rank for rank, c in codes if c not in (None, 0)]
+            local_running = int(any(c is None for _, c in codes))
+            local_oom = int(any(_reported(work_dir, rank).get("status") == "oom" for rank in failed_ranks))
             now = time.monotonic()
-            failed, running, late = self.group.any_all([local_failed, local_running, int(now > deadline)])
+            failed, running, late, oom = self.group.any_all(
+                [int(bool(failed_ranks)), local_running, int(now > deadline), local_oom])
             if not running:
                 return False
             if failed and failed_at is None:
                 failed_at = now
-            if late or (failed_at is not None and now - failed_at > FAIL_GRACE_S):
+            if late or oom or (failed_at is not None and now - failed_at > FAIL_GRACE_S):
                 self._kill(procs)
                 return bool(late and failed_at is None)
             time.sleep(POLL_S)
@@ -161,9 +165,9 @@ class Runner:
 
     @staticmethod
     def _outcome(rank: int, proc: subprocess.Popen, work_dir: Path, timed_out: bool) -> dict:
-        path = work_dir / f"rank{rank}.json"
-        if path.exists():
-            return json.loads(path.read_text())
+        reported = _reported(work_dir, rank)
+        if reported:
+            return reported
         code = proc.returncode
         progress = _progress(work_dir, rank)
         if code is not None and code < 0 and -code == signal.SIGKILL:
@@ -187,6 +191,14 @@ def worker_alloc_conf(point: Point) -> str | None:
     """The workers' PYTORCH_CUDA_ALLOC_CONF: an exported one is the user's choice and wins,
     else ``memory.cuda_alloc_conf`` (None: unset)."""
     return os.environ.get("PYTORCH_CUDA_ALLOC_CONF", point.cuda_alloc_conf)
+
+
+def _reported(work_dir: Path, rank: int) -> dict:
+    """A finished rank's outcome (``rank<R>.json``, written before its exit); {} without one."""
+    try:
+        return json.loads((work_dir / f"rank{rank}.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _progress(work_dir: Path, rank: int) -> dict:
