@@ -53,7 +53,9 @@ class FreeMemoryBudget(int):
 
 @contextlib.contextmanager
 def override_budget(budget_bytes: int | None) -> Iterator[None]:
-    """Use ``budget_bytes`` as the chunk budget inside the context (None: the default policy)."""
+    """Use ``budget_bytes`` as the chunk budget inside the context (None: the default policy).
+    A plain int (tests forcing tiny chunks) carries no floor; a ``FreeMemoryBudget`` passed on
+    (a checkpoint's frozen budget, a budget agreed once for several calls) keeps its floor."""
     global _override_bytes
     previous, _override_bytes = _override_bytes, budget_bytes
     try:
