@@ -10,12 +10,14 @@ line ``cpbench: error: <key>=<value>: <what is allowed>`` (``ConfigError``). Aut
   divisor of ``cp`` unless ``topology.cp0`` says otherwise; padding unit ``lcm(cp0, cp1)``.
 
 Probe N values are multiples of the padding unit, and the bisection granularity is rounded
-up to one.
+up to one. The CUDA queries live in ``harness/devices.py``, the CPU swap to the tiny preset in
+``job.py``; the ``cpbench_weak_n`` resolver is registered by whoever resolves a config.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from cpbench.data.real import resolve_input_sizes
+from cpbench.harness.devices import cuda_available, local_gpu_count
 from cpbench.models.api import AdapterError, import_target
 from cpbench.models.pairformer.ops import kernels
 
@@ -117,11 +120,19 @@ class Point:
     input: str | None = None  # real inputs: the input file's name
 
     def record(self) -> dict:
-        """The ``point`` block of the result record (cpbench/results.py)."""
+        """The ``point`` block of ``result.json`` and ``probe_state.json`` (``cpbench/results/record.py``):
+        the resolved fields plus the per-rank memory cap and the PYTORCH_CUDA_ALLOC_CONF its
+        workers ran with."""
         return {"workflow": self.workflow, "topology": self.topology, "cp": self.cp,
                 "mesh_shape": list(self.mesh_shape), "N": self.N, "N_atoms": self.N_atoms,
                 "S": self.S, "dtype": self.dtype, "device": self.device, "input": self.input,
-                "model": dict(self.model)}
+                "model": dict(self.model), "memory_limit_gib": self.memory_limit_gib,
+                "cuda_alloc_conf": self.worker_alloc_conf()}
+
+    def worker_alloc_conf(self) -> str | None:
+        """The workers' PYTORCH_CUDA_ALLOC_CONF: an exported one is the user's choice and wins,
+        else ``memory.cuda_alloc_conf`` (None: unset)."""
+        return os.environ.get("PYTORCH_CUDA_ALLOC_CONF", self.cuda_alloc_conf)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -139,23 +150,6 @@ def register_resolvers() -> None:
     if not OmegaConf.has_resolver("cpbench_weak_n"):
         OmegaConf.register_new_resolver("cpbench_weak_n", weak_n)
 
-
-register_resolvers()
-
-
-# ---------------------------------------------------------------- environment
-
-def cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def local_gpu_count() -> int:
-    """GPUs visible here (0 without CUDA). Never creates a CUDA context."""
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 # ---------------------------------------------------------------- checks
@@ -232,6 +226,7 @@ def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
 
 def signature_config(cfg: DictConfig | dict) -> dict:
     """The resolved config minus the keys that do not change a measurement (resume identity)."""
+    register_resolvers()
     data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     return {k: v for k, v in data.items() if k not in UNSIGNED_KEYS}
 
@@ -240,6 +235,7 @@ def signature_config(cfg: DictConfig | dict) -> dict:
 
 def resolve_point(cfg: DictConfig) -> Point:
     """Validate ``cfg`` and resolve every auto value; raises ``ConfigError`` (one line)."""
+    register_resolvers()
     try:
         data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     except Exception as exc:  # noqa: BLE001 - an interpolation the user broke
@@ -375,25 +371,6 @@ def _check_kernels(name: str, device: str) -> None:
         kernels.resolve(name, torch.device(device))
     except kernels.KernelError as exc:
         raise ConfigError("model.kernels", name, str(exc).split(": ", 1)[-1]) from None
-
-
-def cpu_default_model(cfg: DictConfig, model_choice: str | None, overrides: list[str]) -> str | None:
-    """On a CPU, swap the full-size reference trunk for its ``tiny`` preset (in place).
-
-    The Boltz-2-sized trunk takes hours per probe point on a CPU; ``python -m cpbench``
-    without a model override should finish in minutes, so it probes the same code path at
-    the tiny sizes. Returns a note saying so, or None when nothing was swapped.
-    """
-    if model_choice != "pairformer" or any(o.lstrip("+~").startswith("model") for o in overrides):
-        return None
-    device = cfg.get("device")
-    if device == "cpu" or (device == "auto" and not cuda_available()):
-        tiny = OmegaConf.load(CONF_DIR / "model" / "tiny.yaml")
-        tiny.pop("defaults", None)
-        cfg.model = OmegaConf.merge(cfg.model, tiny)
-        return ("model=tiny: on a CPU the default reference trunk runs at its tiny preset "
-                "(pass model=pairformer or another preset to choose)")
-    return None
 
 
 def _real_input_sizes(dataset: dict) -> tuple[str, int, int, int]:

@@ -25,9 +25,10 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from cpbench import results
-from cpbench.config import ConfigError, Point, cpu_default_model, local_gpu_count, resolve_point, signature_config
+from cpbench.config import CONF_DIR, ConfigError, Point, resolve_point, signature_config
+from cpbench.harness.devices import cuda_available, local_gpu_count
 from cpbench.harness.env import env_metadata
-from cpbench.harness.runner import Runner, point_record
+from cpbench.harness.runner import Runner
 from cpbench.harness.slots import Slots, SupervisorGroup, discover_slots
 from cpbench.routines.probe import run_probe
 from cpbench.routines.timing import run_timing
@@ -63,6 +64,25 @@ def hydra_context() -> JobContext:
     return JobContext(Path(hc.runtime.output_dir), multirun, hc.job.get("num") if multirun else None,
                       Path(hc.sweep.dir) if multirun else None, list(hc.overrides.task),
                       hc.runtime.choices.get("model"))
+
+
+def cpu_default_model(cfg: DictConfig, model_choice: str | None, overrides: list[str]) -> str | None:
+    """On a CPU, swap the full-size reference trunk for its ``tiny`` preset (in place).
+
+    The Boltz-2-sized trunk takes hours per probe point on a CPU; ``python -m cpbench``
+    without a model override should finish in minutes, so it probes the same code path at
+    the tiny sizes. Returns a note saying so, or None when nothing was swapped.
+    """
+    if model_choice != "pairformer" or any(o.lstrip("+~").startswith("model") for o in overrides):
+        return None
+    device = cfg.get("device")
+    if device == "cpu" or (device == "auto" and not cuda_available()):
+        tiny = OmegaConf.load(CONF_DIR / "model" / "tiny.yaml")
+        tiny.pop("defaults", None)
+        cfg.model = OmegaConf.merge(cfg.model, tiny)
+        return ("model=tiny: on a CPU the default reference trunk runs at its tiny preset "
+                "(pass model=pairformer or another preset to choose)")
+    return None
 
 
 def _gpu_shortage(point: Point, slots: Slots) -> str | None:
@@ -168,7 +188,7 @@ def finish(cfg: DictConfig, ctx: JobContext, point: Point | None, status: str, m
         "schema": results.SCHEMA_VERSION,
         "signature": signature,
         "code": results.code_version(),
-        "point": point_record(point) if point else None,
+        "point": point.record() if point else None,
         "routine": point.routine if point else cfg.get("routine"),
         "status": status,
         "message": message,

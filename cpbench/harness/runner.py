@@ -116,7 +116,7 @@ class Runner:
         (work_dir / "spec.json").write_text(json.dumps(spec))
         env = {k: v for k, v in os.environ.items()
                if k not in _SUPERVISOR_ENV and not k.startswith("TORCHELASTIC_")}
-        alloc_conf = worker_alloc_conf(p)
+        alloc_conf = p.worker_alloc_conf()
         if alloc_conf is not None:
             env["PYTORCH_CUDA_ALLOC_CONF"] = alloc_conf
         for rank, dev in zip(self.slots.ranks, self.slots.device_indices):
@@ -179,18 +179,6 @@ class Runner:
             status, message = "error", f"exited with code {code} without a report{_log_tail(work_dir, rank)}"
         return {"rank": rank, "status": status, "message": message, "peak_alloc_gib": None,
                 "peak_reserved_gib": None, "exit_code": code, "progress": progress}
-
-
-def point_record(point: Point) -> dict:
-    """The point as ``result.json`` and ``probe_state.json`` record it: its resolved fields plus
-    the per-rank memory cap and the PYTORCH_CUDA_ALLOC_CONF its workers ran with."""
-    return point.record() | {"memory_limit_gib": point.memory_limit_gib, "cuda_alloc_conf": worker_alloc_conf(point)}
-
-
-def worker_alloc_conf(point: Point) -> str | None:
-    """The workers' PYTORCH_CUDA_ALLOC_CONF: an exported one is the user's choice and wins,
-    else ``memory.cuda_alloc_conf`` (None: unset)."""
-    return os.environ.get("PYTORCH_CUDA_ALLOC_CONF", point.cuda_alloc_conf)
 
 
 def _reported(work_dir: Path, rank: int) -> dict:

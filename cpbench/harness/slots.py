@@ -14,7 +14,7 @@ import os
 import socket
 from dataclasses import dataclass
 
-from cpbench.config import local_gpu_count
+from cpbench.harness.devices import local_gpu_count
 
 
 @dataclass(frozen=True)

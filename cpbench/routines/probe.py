@@ -36,7 +36,7 @@ from pathlib import Path
 
 from cpbench.config import Point
 from cpbench.harness.memory import MEASURE_CPU, MEASURE_CUDA
-from cpbench.harness.runner import PointRun, Runner, point_record
+from cpbench.harness.runner import PointRun, Runner
 from cpbench.models.api import load_adapter, supports_run_blocks
 from cpbench.results import max_over_ranks, read_json, write_json_atomic
 from cpbench.routines.probe_predict import PREDICT_POINTS, Prediction, bracket_ends, memory_capacity_gib, predict_max_n
@@ -98,7 +98,7 @@ class Probe:
             "signature": self.signature, "depth": self.depth, "depth_verified": self.depth_verified,
             "depth_checked": self.depth_checked, "points": self.ordered_points(), "verify": self.verified,
             # what a report needs of a probe stopped before its result.json (results.incomplete_probe)
-            "point": point_record(self.point)})
+            "point": self.point.record()})
 
     def ordered_points(self) -> list[dict]:
         return sorted(self.points.values(), key=lambda p: p["order"])

@@ -33,7 +33,7 @@ from cpbench.models.pairformer.parallel.layout import Layout, layout_from_mesh
 from cpbench.models.pairformer.parallel.padding import token_multiple
 from cpbench.models.pairformer.stage_timer import StageTimer, now_s
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 
 
 def trunk_loss(s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor, layout: Layout) -> torch.Tensor:
@@ -75,13 +75,13 @@ class PairformerAdapter:
                  c_atom: int = 128, c_atompair: int = 16, atom_blocks: int = 3, atom_heads: int = 4,
                  c_m: int = 64, msa_blocks: int = 4, sampling: bool = False, sampling_steps: int = 200,
                  samples: int = 5, diffusion: dict | None = None, kernels: str = "auto") -> None:
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype={dtype!r}: allowed {sorted(DTYPES)}")
+        if dtype not in TORCH_DTYPES:
+            raise ValueError(f"dtype={dtype!r}: allowed {sorted(TORCH_DTYPES)}")
         self.sizes = dict(c_s=c_s, c_z=c_z, blocks=blocks, heads_single=heads_single, heads_tri=heads_tri,
                           head_dim_tri=head_dim_tri, transition_factor=transition_factor)
         self.sizes.update(c_atom=c_atom, c_atompair=c_atompair, atom_blocks=atom_blocks, atom_heads=atom_heads,
                           c_m=c_m, msa_blocks=msa_blocks)  # atom encoder, MSA module
-        self.dtype = DTYPES[dtype]
+        self.dtype = TORCH_DTYPES[dtype]
         self.recycles, self.checkpointing, self.lr = int(recycles), bool(checkpointing), float(lr)
         # Diffusion sampling after the trunk (inference only; ``diffusion.DiffusionModule`` sizes).
         self.sampling, self.sampling_steps, self.samples = bool(sampling), int(sampling_steps), int(samples)
