@@ -17,3 +17,12 @@ def test_the_worker_module_does_not_import_the_config_stack():
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def test_the_reference_adapter_does_not_import_the_compiler():
+    """torch._dynamo costs a process ~0.9 s and 69 MiB: only a compiled (flex, CUDA) run loads it."""
+    script = ("import sys, cpbench.models.pairformer.adapter\n"
+              "print('torch._dynamo' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "False"

@@ -38,7 +38,7 @@ import torch
 
 KERNELS = ("auto", "torch", "flex", "cueq")
 # Row-chunk sizes and ops differ per call site: one static compile per shape, more than dynamo's default 8.
-torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+RECOMPILE_LIMIT = 64
 _active = "torch"
 _compile_s = 0.0
 _compile_training = False
@@ -105,6 +105,9 @@ def compiled(fn: Callable) -> Callable:
         if not compiling(first):
             return fn(*args, **kwargs)
         if state["fn"] is None:
+            # set here, not at import: torch._dynamo costs every process ~0.9 s and 69 MiB, and
+            # only flex on CUDA compiles (a worker starts for every probe point)
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
             state["fn"] = torch.compile(fn, dynamic=False)
         key = tuple((a.dtype, tuple(a.shape)) for a in args if isinstance(a, torch.Tensor))
         if key in state["seen"]:
