@@ -22,7 +22,7 @@ def walltime_exponent(n_tokens, walltime_ms) -> float | None:
 TIMING_POINT = ["model", "workflow", "CP config", "N_tokens"]
 
 
-def _ok_timing(rows: pd.DataFrame) -> pd.DataFrame:
+def ok_timing(rows: pd.DataFrame) -> pd.DataFrame:
     if rows.empty:
         return rows
     return rows[(rows["row"] == "timing") & (rows["status"] == "ok") & rows["walltime (ms)"].notna()]
@@ -32,7 +32,7 @@ def latest_ok_timing(rows: pd.DataFrame) -> pd.DataFrame:
     """The ok timing rows, the latest (by ``date``) of each point (model, workflow, CP config,
     N) measured more than once: a rerun after a code change replaces the older figure in the
     plots and the readout, instead of being averaged with it (the table keeps every row)."""
-    ok = _ok_timing(rows)
+    ok = ok_timing(rows)
     if "date" not in ok:
         return ok
     order = ok.assign(_date=ok["date"].fillna("")).sort_values("_date", kind="stable")
@@ -41,7 +41,7 @@ def latest_ok_timing(rows: pd.DataFrame) -> pd.DataFrame:
 
 def repeated_timing_points(rows: pd.DataFrame) -> int:
     """How many timing points have more than one ok row (``latest_ok_timing`` keeps one of each)."""
-    ok = _ok_timing(rows)
+    ok = ok_timing(rows)
     return 0 if ok.empty else int((ok.groupby(TIMING_POINT).size() > 1).sum())
 
 

@@ -114,12 +114,24 @@ def _row(path: Path, rec: dict, root: Path, peak_tflops_cfg: float | None) -> di
         row.update(_probe_fields(rec, point, config))
     else:
         row.update(_timing_fields(rec, point))
+    row["kernels"] = kernels_of(rec, model)
     row["comm bytes/block"] = stats.get("comm_bytes_per_block")
     row["comm share"] = comm_share(stats)
     for stage, ms in (stats.get("stage_ms") or {}).items():
         row[STAGE_PREFIX + str(stage)] = ms
     row.update(_flops_fields(row, model, config, env, peak_tflops_cfg))
     return row
+
+
+def kernels_of(rec: dict, model: dict) -> str | None:
+    """The kernel backend a record ran: ``stats.kernels``, else its ``model.kernels`` choice, else
+    ``torch`` for the reference trunk measured before the switch existed (None for other models)."""
+    ran = (rec.get("stats") or {}).get("kernels")
+    if ran:
+        return ran
+    if flops.is_reference_trunk(model):
+        return model.get("kernels") or "torch"
+    return None
 
 
 def _first_line(message: str | None) -> str:

@@ -1,0 +1,57 @@
+"""The report's Kernel backends section: the same point under ``torch`` and ``flex`` side by side
+with the speed-up, and the deviation table from a ``kernel_parity*.json`` of the run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cpbench.report import build_report
+
+PAIRFORMER = "cpbench.models.pairformer.adapter.PairformerAdapter"
+
+
+def timing_record(n: int, kernels: str | None, median_ms: float, peak_gib: float, date: str) -> dict:
+    stats = {"stage_ms": {"trunk": median_ms}} | ({"kernels": kernels} if kernels else {})
+    return {"routine": "timing", "status": "ok", "message": "",
+            "point": {"workflow": "inference", "topology": "1d", "cp": 1, "mesh_shape": [1], "N": n, "S": 256,
+                      "N_atoms": 8 * n, "dtype": "bf16", "device": "cuda",
+                      "model": {"name": "boltz2", "_target_": PAIRFORMER, "sampling": False}},
+            "median_ms": median_ms, "iqr_ms": 1.0, "times_ms": [median_ms] * 5, "peak_alloc_gib": peak_gib,
+            "peak_reserved_gib": peak_gib, "tokens_per_s": n / median_ms * 1e3, "stats": stats,
+            "env": {"device": "cuda", "gpu_model": "NVIDIA H200", "date": date}, "config": {}}
+
+
+def section(text: str, title: str) -> str:
+    return text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def write(root: Path, name: str, record: dict) -> None:
+    (root / name).mkdir(parents=True)
+    (root / name / "result.json").write_text(json.dumps(record))
+
+
+def test_backends_side_by_side_with_speedup_and_parity(tmp_path):
+    root = tmp_path / "run"
+    write(root, "flex_2048", timing_record(2048, "flex", 6000.0, 13.5, "2026-12-01T05:10:00+00:00"))
+    write(root, "torch_2048", timing_record(2048, "torch", 12000.0, 17.4, "2026-12-01T05:12:00+00:00"))
+    # an older record without stats.kernels: the reference trunk before the switch ran the torch path
+    write(root, "old_512", timing_record(512, None, 640.0, 1.5, "2026-11-30T05:00:00+00:00"))
+    write(root, "flex_512", timing_record(512, "flex", 400.0, 1.3, "2026-12-01T05:13:00+00:00"))
+    (root / "kernel_parity.json").write_text(json.dumps({"gpu": "NVIDIA H200", "torch": "2.11", "results": [
+        {"what": "block", "backend": "flex", "dtype": "bf16", "N": 256, "outputs": {"s": 1e-3, "z": 4e-3},
+         "param_grad_median_rel": 3e-3, "worst": "grad/x", "worst_rel": 1e-2, "tol": 0.05, "ok": True}]}))
+    text = section(build_report(root)["markdown"].read_text(), "Kernel backends")
+    rows = [line for line in text.splitlines() if line.startswith("| boltz2")]
+    assert len(rows) == 4
+    assert "| 2,048 | flex | 6,000.0 | 13.50 | 2.00× |" in text
+    assert "| 2,048 | torch | 12,000.0 | 17.40 | 1.00× |" in text
+    assert "| 512 | flex | 400.0 | 1.30 | 1.60× |" in text and "| 512 | torch | 640.0 |" in text
+    assert "| flex | block | bf16 | 256 | 4.00e-03 | 3.00e-03 | 1.00e-02 (grad/x) | 0.05 | yes |" in text
+
+
+def test_backends_section_says_when_nothing_was_compared(tmp_path):
+    root = tmp_path / "run"
+    write(root, "torch_2048", timing_record(2048, "torch", 12000.0, 17.4, "2026-12-01T05:12:00+00:00"))
+    text = section(build_report(root)["markdown"].read_text(), "Kernel backends")
+    assert "No point was measured under two backends" in text
