@@ -74,7 +74,8 @@ class PairformerAdapter:
                  dtype: str = "bf16", recycles: int = 0, checkpointing: bool = False, lr: float = 1e-4,
                  c_atom: int = 128, c_atompair: int = 16, atom_blocks: int = 3, atom_heads: int = 4,
                  c_m: int = 64, msa_blocks: int = 4, sampling: bool = False, sampling_steps: int = 200,
-                 samples: int = 5, diffusion: dict | None = None, kernels: str = "auto") -> None:
+                 samples: int = 5, diffusion: dict | None = None, kernels: str = "auto",
+                 compile_training: bool = False) -> None:
         if dtype not in TORCH_DTYPES:
             raise ValueError(f"dtype={dtype!r}: allowed {sorted(TORCH_DTYPES)}")
         self.sizes = dict(c_s=c_s, c_z=c_z, blocks=blocks, heads_single=heads_single, heads_tri=heads_tri,
@@ -90,13 +91,14 @@ class PairformerAdapter:
         self.diffusion_sizes = {**BOLTZ2_SIZES, **dict(diffusion or {})}
         if kernels not in ops_kernels.KERNELS:
             raise ValueError(f"kernels={kernels!r}: allowed {', '.join(ops_kernels.KERNELS)}")
-        self.kernels = kernels
+        self.kernels, self.compile_training = kernels, bool(compile_training)
         self._stats: dict[str, Any] = {}
 
     def build_model(self, mesh: Any, device: torch.device) -> nn.Module:
         """The trunk with the same global weights at any cp, in the compute dtype on ``device``;
         selects this process's kernel backend (``ops/kernels.py``)."""
         ops_kernels.select(self.kernels, torch.device(device))
+        ops_kernels.compile_training(self.compile_training)
         model = PairformerTrunk(**self.sizes).to(device=device, dtype=self.dtype)
         model.layout = layout_from_mesh(mesh)
         model.optimizer = None  # created at the first training step (AdamW states count in its peak)
