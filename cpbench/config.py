@@ -35,7 +35,7 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 CHECKED_GROUPS = ("workflow", "topology", "dataset", "model", "sweep")
 WORKFLOWS = ("inference", "training")
 TOPOLOGIES = ("1d", "2d")
-ROUTINES = ("probe", "timing")
+ROUTINES = ("auto", "probe", "timing")
 DTYPES = ("bf16", "fp32")
 DEVICES = ("auto", "cuda", "cpu")
 # Keys that do not change a measurement, left out of the resume signature.
@@ -47,7 +47,11 @@ AUTO_PROBE_START = {"cuda": 512, "cpu": 32}
 # already takes tens of seconds on 2 cores), so a cap this small is what lets the default
 # CPU probe meet a real allocation failure within minutes; 64 keeps the bisection short.
 AUTO_GRANULARITY = {"cuda": 128, "cpu": 64}
-AUTO_LIMIT_GIB = {"cuda": None, "cpu": 0.125}  # probe only: a CPU timing point runs uncapped
+# The CPU cap per workflow (probe only: a CPU timing point runs uncapped). The tiny trunk's
+# per-rank peak above the worker's baseline (cp=2, 2 cores): inference ~0.1 GiB at N=512;
+# training 0.19 GiB at N=32, 0.24 at N=64, 0.36 at N=128 (oneDNN's workspaces and the
+# optimizer state), so 0.125 GiB made every training probe fail at its first point.
+AUTO_LIMIT_GIB = {"cuda": None, "cpu": {"inference": 0.125, "training": 0.3}}
 AUTO_CP_ON_CPU = 2
 AUTO_INFERENCE_DEPTH = 2
 PROBE_STRATEGIES = ("auto", "bisect", "predict")
@@ -233,8 +237,23 @@ def signature_config(cfg: DictConfig | dict) -> dict:
 
 # ---------------------------------------------------------------- resolution
 
-def resolve_point(cfg: DictConfig) -> Point:
-    """Validate ``cfg`` and resolve every auto value; raises ``ConfigError`` (one line)."""
+def names_n(overrides: list[str] | None) -> bool:
+    """Whether the command line (a job's task overrides) sets ``N``."""
+    return any(o.split("=", 1)[0].lstrip("+~") == "N" for o in overrides or [])
+
+
+def resolve_routine(routine: str, overrides: list[str] | None) -> str:
+    """``routine=auto``: a timing at the point's N when the overrides name N (the job also makes
+    sure its configuration's max-N probe exists: ``cpbench.job``), else the max-N probe."""
+    if routine != "auto":
+        return routine
+    return "timing" if names_n(overrides) else "probe"
+
+
+def resolve_point(cfg: DictConfig, overrides: list[str] | None = None) -> Point:
+    """Validate ``cfg`` and resolve every auto value; raises ``ConfigError`` (one line).
+
+    ``overrides`` (the job's task overrides) decide ``routine=auto`` (``resolve_routine``)."""
     register_resolvers()
     try:
         data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
@@ -246,7 +265,7 @@ def resolve_point(cfg: DictConfig) -> Point:
     topology = data.get("topology") or {}
     _choice("workflow", workflow.get("name"), WORKFLOWS)
     _choice("topology", topology.get("name"), TOPOLOGIES)
-    routine = _choice("routine", data.get("routine"), ROUTINES)
+    routine = resolve_routine(_choice("routine", data.get("routine"), ROUTINES), overrides)
     dtype = _choice("dtype", data.get("dtype"), DTYPES)
     device = _choice("device", data.get("device"), DEVICES)
     if device == "auto":
@@ -290,7 +309,7 @@ def resolve_point(cfg: DictConfig) -> Point:
     if limit == "auto":
         # The CPU cap exists so that a probe meets a real allocation failure; a timing point
         # has nothing to find, and oneDNN's workspaces (training) do not fit 0.125 GiB.
-        limit = AUTO_LIMIT_GIB[device] if routine == "probe" else None
+        limit = auto_limit_gib(device, workflow["name"]) if routine == "probe" else None
     elif limit is not None:
         limit = _positive_float("memory.limit_gib", limit, "auto, null or GiB > 0")
 
@@ -306,6 +325,12 @@ def resolve_point(cfg: DictConfig) -> Point:
         seed=_int("seed", data.get("seed")), profile=bool(data.get("profile")),
         memory_limit_gib=limit, cuda_alloc_conf=alloc_conf, model=model, probe=probe, timing=timing, input=input_name,
     )
+
+
+def auto_limit_gib(device: str, workflow: str) -> float | None:
+    """``memory.limit_gib=auto`` of a probe: none on a GPU, the workflow's cap on a CPU."""
+    auto = AUTO_LIMIT_GIB[device]
+    return auto.get(workflow) if isinstance(auto, dict) else auto
 
 
 def _probe_settings(probe: dict, device: str, unit: int, train: bool, model: dict) -> ProbeSettings:

@@ -46,6 +46,8 @@ def summary(record: dict) -> str:
             text += f"; N={', '.join(map(str, record['timed_out_n']))} timed out, so max N is a lower bound"
         if record.get("predicted_max_n") is not None:
             text += f"; predicted max N {record['predicted_max_n']} from the peaks of the first points"
+        if record.get("max_n") is None and record.get("advice"):
+            text += f"; {record['advice']}"
         if record.get("status") == "unstable":
             text += f"; {record.get('message')}"
         text += f"; {len(pts)} points tried, depth {record.get('depth')}"

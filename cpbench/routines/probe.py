@@ -319,8 +319,10 @@ class Probe:
             smallest = min(self.points) if self.points else None
             if fail is None and timed_out:
                 return {"status": "timeout", "message": f"no N finished: {timed_out}", "lower_bound": None}
-            return {"status": fail["status"] if fail else "error", "lower_bound": None,
-                    "message": f"no N fits (smallest tried: {smallest}): " + (fail["message"] if fail else "")}
+            advice = self.advice(smallest, fail)
+            return {"status": fail["status"] if fail else "error", "lower_bound": None, "advice": advice,
+                    "message": f"no N fits (smallest tried: {smallest})" + (f"; {advice}" if advice else "")
+                    + ": " + (fail["message"] if fail else "")}
         unstable = self._unstable(verify) if verify else None
         if unstable:
             return {"status": "unstable", "message": unstable, "lower_bound": "unstable"}
@@ -337,6 +339,27 @@ class Probe:
         if verify and verify.get("skipped"):
             message = "; ".join(m for m in (message, f"verification {verify['skipped']}") if m)
         return {"status": "ok", "message": message, "lower_bound": bound}
+
+
+    def advice(self, smallest: int | None, fail: dict | None) -> str | None:
+        """What to change when even the smallest N tried ran out of memory: a larger cap (when
+        one is set), a smaller ``probe.start`` (when one fits the padding unit), more ranks."""
+        if fail is None or fail["status"] != "oom" or smallest is None:
+            return None
+        options = []
+        cap = self.point.memory_limit_gib
+        if cap is not None:
+            options.append(f"memory.limit_gib={_round_gib(2 * cap)} (now {cap:g} GiB/rank)")
+        unit = self.point.padding_unit
+        lower = smallest // 2 // unit * unit
+        if lower >= max(unit, 1) and lower < smallest:
+            options.append(f"probe.start={lower} (now {smallest})")
+        options.append(f"cp={2 * self.point.cp}")
+        return f"to find a max N pass {' or '.join(options)}"
+
+
+def _round_gib(gib: float) -> str:
+    return f"{gib:.3g}"
 
 
 def adapter_takes_run_blocks(model_cfg: dict) -> bool:

@@ -1,0 +1,100 @@
+"""routine=auto (#19): a timing at the named N plus one max-N probe per configuration, the CPU
+cap per workflow, and the advice of a probe whose first point already fails."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+
+from omegaconf import OmegaConf
+
+from cpbench.config import AUTO_LIMIT_GIB, resolve_point, resolve_routine
+from cpbench.harness.runner import PointResult
+from cpbench.harness.slots import Slots, SupervisorGroup
+from cpbench.job import _probe_decision, probe_config
+from cpbench.results import one_line, summary, write_json_atomic
+from cpbench.routines.probe import Probe
+
+from helpers.run import compose_cfg, compose_point
+
+
+class ScriptedRunner:
+    """Fits up to ``max_fit_n`` (peak n/1000 GiB), out of memory above."""
+
+    def __init__(self, max_fit_n: int):
+        self.max_fit_n = max_fit_n
+        self.group = SupervisorGroup(Slots("local", 2, 0, 1, (0, 1), (0, 0)))
+
+    def run(self, task) -> PointResult:
+        if task.N > self.max_fit_n:
+            ranks = [{"rank": r, "status": "oom", "message": "out of memory", "peak_alloc_gib": None} for r in (0, 1)]
+            return PointResult("oom", "rank 1: out of memory", ranks, 1.0)
+        ranks = [{"rank": r, "status": "ok", "peak_alloc_gib": task.N / 1000, "peak_reserved_gib": task.N / 1000}
+                 for r in (0, 1)]
+        return PointResult("ok", "", ranks, 1.0)
+
+
+def test_auto_is_a_timing_when_the_overrides_name_n_else_the_probe():
+    assert compose_cfg().routine == "auto"
+    assert resolve_routine("auto", ["cp=2", "N=1024"]) == "timing"
+    assert resolve_routine("auto", ["cp=2", "+N=64"]) == "timing"
+    assert resolve_routine("auto", ["cp=2", "N_atoms=64"]) == "probe"
+    assert resolve_routine("auto", None) == "probe"
+    assert resolve_routine("probe", ["N=1024"]) == "probe" and resolve_routine("timing", []) == "timing"
+    cfg = compose_cfg("device=cpu", "model=tiny", "N=64")
+    assert resolve_point(cfg, ["N=64"]).routine == "timing"
+    assert resolve_point(cfg).routine == "probe"
+
+
+def test_cpu_auto_cap_is_per_workflow_and_only_for_the_probe():
+    inference = compose_point("device=cpu", "model=tiny")
+    training = compose_point("device=cpu", "model=tiny", "workflow=training")
+    assert inference.memory_limit_gib == AUTO_LIMIT_GIB["cpu"]["inference"]
+    assert training.memory_limit_gib == AUTO_LIMIT_GIB["cpu"]["training"] > inference.memory_limit_gib
+    cfg = compose_cfg("device=cpu", "model=tiny", "workflow=training", "N=64")
+    assert resolve_point(cfg, ["N=64"]).memory_limit_gib is None  # an auto timing runs uncapped
+
+
+def test_the_probe_of_a_configuration_does_not_depend_on_n():
+    a, sig_a = probe_config(compose_cfg("device=cpu", "model=tiny", "cp=2", "N=32"))
+    _, sig_b = probe_config(compose_cfg("device=cpu", "model=tiny", "cp=2", "N=64", "N_atoms=1000"))
+    _, sig_c = probe_config(compose_cfg("device=cpu", "model=tiny", "cp=4", "N=32"))
+    assert a.routine == "probe" and sig_a == sig_b != sig_c
+
+
+def test_one_job_takes_the_probe_lock(tmp_path):
+    lock, result = tmp_path / "probes" / "sig.lock", tmp_path / "probes" / "sig" / "result.json"
+    started = time.time() - 10
+    assert _probe_decision(lock, result, "sig", started) == "run"
+    assert lock.exists()
+    assert _probe_decision(lock, result, "sig", started) == "other"
+    write_json_atomic(result, {"signature": "sig"})
+    assert _probe_decision(lock, result, "sig", started) == "done"
+
+
+def test_a_lock_left_by_an_interrupted_run_is_taken_over(tmp_path):
+    lock, result = tmp_path / "sig.lock", tmp_path / "sig" / "result.json"
+    lock.write_text("old\n")
+    old = time.time() - 3600
+    os.utime(lock, (old, old))
+    assert _probe_decision(lock, result, "sig", time.time() - 60) == "run"
+    assert _probe_decision(lock, result, "sig", time.time() - 60) == "other"  # fresh now
+
+
+def test_a_probe_whose_first_point_fails_says_what_to_change():
+    point = compose_point("device=cpu", "model=tiny", "cp=2", "workflow=training")
+    point = replace(point, probe=replace(point.probe, start=32, depth=None))
+    out = Probe(point, ScriptedRunner(max_fit_n=16), None, "sig").run()
+    assert out["max_n"] is None and out["status"] == "oom"
+    cap = point.memory_limit_gib
+    assert f"memory.limit_gib={2 * cap:.3g}" in out["advice"] and "probe.start=16" in out["advice"]
+    record = {"routine": "probe", "point": {"workflow": "training", "topology": "1d", "cp": 2}, **out}
+    assert "memory.limit_gib=" in one_line(record) and "probe.start=16" in one_line(record)
+    assert out["advice"] in summary(record)
+    fine = Probe(point, ScriptedRunner(max_fit_n=100), None, "sig").run()
+    assert fine.get("advice") is None
+
+
+def test_compose_cfg_keeps_routine_auto_in_the_config():
+    assert OmegaConf.select(compose_cfg("N=64"), "routine") == "auto"
