@@ -19,10 +19,10 @@ import logging
 import os
 import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from cpbench import results
 from cpbench.config import CONF_DIR, ConfigError, Point, resolve_point, signature_config
@@ -37,6 +37,14 @@ log = logging.getLogger("cpbench")
 
 # Set by the multirun callback (cpbench.sweep.callbacks) to the number of jobs in the sweep.
 SWEEP_TOTAL_ENV = "CPBENCH_SWEEP_TOTAL"
+# Set by the multirun callback to the time the multirun started: a probe lock older than that
+# without its result.json was left by an interrupted earlier run of the sweep (resume=true).
+SWEEP_STARTED_ENV = "CPBENCH_SWEEP_STARTED"
+# routine=auto with N: the configuration's max-N probe, once per configuration, lives in
+# <sweep dir>/probes/<signature>/ (result.json, probe_state.json); <signature>.lock beside it.
+PROBES_DIR = "probes"
+# Keys the probe of a configuration does not depend on (the timing points' sizes).
+PROBE_FREE_KEYS = ("N", "N_atoms")
 
 
 @dataclass(frozen=True)
@@ -85,14 +93,17 @@ def cpu_default_model(cfg: DictConfig, model_choice: str | None, overrides: list
     return None
 
 
-def _gpu_shortage(point: Point, slots: Slots) -> str | None:
-    """Why the point cannot run with the GPUs here (None when it can)."""
+def _gpu_shortage(point: Point, slots: Slots, overrides: list[str] | None = None) -> str | None:
+    """Why the point cannot run with the GPUs here (None when it can), with the command that
+    runs it where it fits (under SLURM: one task and one GPU per rank)."""
     if point.device != "cuda":
         return None
     if slots.mode == "local":
         gpus = local_gpu_count()
         if point.cp > gpus:
-            return f"cp={point.cp} needs {point.cp} GPUs, {gpus} visible here"
+            command = " ".join(["python -m cpbench -m hydra/launcher=slurm",
+                                *(shlex.quote(o) for o in overrides or [f"cp={point.cp}"])])
+            return f"cp={point.cp} needs {point.cp} GPUs, {gpus} visible here; run it with: {command}"
     return None
 
 
@@ -130,12 +141,14 @@ def _run_job(cfg: DictConfig, ctx: JobContext) -> dict:
     if note:
         log.info("cpbench: %s", note)
     try:
-        point = resolve_point(cfg)
+        point = resolve_point(cfg, ctx.overrides)
     except ConfigError as exc:
         if not ctx.multirun:
             raise
         # The controller validated every point; a job can only get here through its environment.
         return finish(cfg, ctx, None, "error", str(exc))
+    _seen.routine = point.routine
+    auto_probe = cfg.get("routine") == "auto" and point.routine == "timing"
 
     signature = results.point_signature(signature_config(cfg))
     if cfg.get("resume"):
@@ -147,7 +160,7 @@ def _run_job(cfg: DictConfig, ctx: JobContext) -> dict:
             return record
 
     slots = discover_slots(point.cp, point.device)
-    shortage = _gpu_shortage(point, slots)
+    shortage = _gpu_shortage(point, slots, ctx.overrides)
     if shortage is not None:
         if not ctx.multirun:
             raise ConfigError("cp", point.cp, f"{shortage}: run it where cp GPUs are visible (or under SLURM)")
@@ -158,7 +171,10 @@ def _run_job(cfg: DictConfig, ctx: JobContext) -> dict:
 
     writer = slots.supervisor_rank == 0
     group = SupervisorGroup(slots)
+    probe_ref = None
     try:
+        if auto_probe:
+            probe_ref = ensure_probe(cfg, ctx, slots, group, note)
         runner = Runner(point, slots, group)
         fields = _run_routine(point, runner, ctx.out_dir if writer else None, signature)
     finally:
@@ -166,7 +182,93 @@ def _run_job(cfg: DictConfig, ctx: JobContext) -> dict:
     status, message = fields.pop("status"), fields.pop("message")
     if note:
         fields["notes"] = [note]
+    if probe_ref is not None:
+        fields["probe"] = probe_ref
     return finish(cfg, ctx, point, status, message, fields, signature=signature, write=writer)
+
+
+# ---------------------------------------------------------------- routine=auto: the probe of a configuration
+
+def probe_config(cfg: DictConfig) -> tuple[DictConfig, str]:
+    """(the config of ``cfg``'s max-N probe, its signature): ``routine=probe``, and a signature
+    without the keys a probe does not depend on (``PROBE_FREE_KEYS``), so that every timing point
+    of one configuration (cp, workflow, model, ...) names the same probe."""
+    probe_cfg = cfg.copy()
+    with open_dict(probe_cfg):
+        probe_cfg.routine = "probe"
+    sig = {k: v for k, v in signature_config(probe_cfg).items() if k not in PROBE_FREE_KEYS}
+    return probe_cfg, results.point_signature(sig)
+
+
+def _probe_decision(lock: Path, result: Path, signature: str, started: float) -> str:
+    """``done`` (the probe's result.json is there), ``run`` (this job took the lock) or ``other``
+    (another job holds it). O_CREAT|O_EXCL is atomic on one filesystem, shared ones included;
+    a lock older than this multirun's start without a result was left by an interrupted run
+    and is taken over (renamed away first, so only one job can take it)."""
+    if _has_result(result, signature):
+        return "done"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                stale = started > 0 and lock.stat().st_mtime < started
+            except FileNotFoundError:
+                continue
+            if not stale:
+                return "other"
+            try:
+                os.rename(lock, lock.with_name(f"{lock.name}.stale.{os.getpid()}.{time.time_ns()}"))
+            except FileNotFoundError:
+                pass
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.uname().nodename} pid {os.getpid()} {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+        return "run"
+    return "other"
+
+
+def _has_result(path: Path, signature: str) -> bool:
+    try:
+        return results.read_json(path).get("signature") == signature
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def ensure_probe(cfg: DictConfig, ctx: JobContext, slots: Slots, group: SupervisorGroup,
+                 note: str | None = None) -> dict:
+    """``routine=auto`` at a named N: make sure the configuration's max-N probe exists, once per
+    configuration. The first job to take ``<sweep dir>/probes/<signature>.lock`` runs it (on all
+    its rank slots) and writes ``<sweep dir>/probes/<signature>/result.json``; the others skip it.
+    Returns the timing record's ``probe`` block: signature, path, and whether this job ran it."""
+    probe_cfg, signature = probe_config(cfg)
+    base = (ctx.sweep_dir or ctx.out_dir) / PROBES_DIR
+    out_dir, lock = base / signature, base / f"{signature}.lock"
+    result_path = out_dir / results.RESULT_FILE
+    # A lock older than this run (a multirun: its controller's start) was left by an interrupted one.
+    started = float(os.environ.get(SWEEP_STARTED_ENV) or 0) if ctx.multirun else ctx.started_s
+    decision = _probe_decision(lock, result_path, signature, started) if slots.supervisor_rank == 0 else None
+    decision = group.broadcast(decision)
+    ref = {"signature": signature, "path": str(result_path), "ran_here": decision == "run",
+           "state": {"done": "done", "run": "done", "other": "run by another job"}[decision]}
+    if decision != "run":
+        log.info("%sprobe of this configuration: %s (%s)", _progress(ctx.job_num),
+                 "already done" if decision == "done" else "another job runs it", result_path)
+        return ref
+    point = resolve_point(probe_cfg)
+    writer = slots.supervisor_rank == 0
+    probe_ctx = replace(ctx, out_dir=out_dir, started_s=time.time(),
+                        overrides=[o for o in ctx.overrides if o.split("=", 1)[0].lstrip("+~") not in PROBE_FREE_KEYS])
+    log.info("%sprobe of this configuration (routine=auto): %s", _progress(ctx.job_num), out_dir)
+    fields = _run_routine(point, Runner(point, slots, group), out_dir if writer else None, signature)
+    status, message = fields.pop("status"), fields.pop("message")
+    fields["auto"] = {"by": str(ctx.out_dir)}
+    if note:
+        fields["notes"] = [note]
+    record = finish(probe_cfg, probe_ctx, point, status, message, fields, signature=signature, write=writer)
+    ref.update(status=record["status"], max_n=record.get("max_n"))
+    return ref
 
 
 def _run_routine(point: Point, runner: Runner, out_dir: Path | None, signature: str) -> dict:
@@ -213,7 +315,7 @@ def write_unreported(cfg: DictConfig, status: str, message: str, fields: dict, c
     signature: ``resume=true`` runs the point again.
     """
     try:
-        point = resolve_point(cfg)
+        point = resolve_point(cfg, ctx.overrides)
     except ConfigError:
         point = None
     return finish(cfg, ctx, point, status, message, fields)

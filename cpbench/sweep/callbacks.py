@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from cpbench.config import ConfigError, InputFileError, resolve_point
-from cpbench.job import SWEEP_TOTAL_ENV, note_sweep
+from cpbench.job import SWEEP_STARTED_ENV, SWEEP_TOTAL_ENV, note_sweep
 
 log = logging.getLogger("cpbench")
 
@@ -54,7 +55,7 @@ def validate_sweep(config: DictConfig) -> int:
         with open_dict(job_cfg):
             job_cfg.pop("hydra", None)
         try:
-            resolve_point(job_cfg)
+            resolve_point(job_cfg, overrides)
         except InputFileError as exc:
             if len(points) == 1:
                 raise
@@ -81,6 +82,8 @@ class CpbenchCallback(Callback):
             # SystemExit passes through Hydra's error reporting: one line, no traceback.
             raise SystemExit(2) from None
         os.environ[SWEEP_TOTAL_ENV] = str(total)
+        # routine=auto: a probe lock older than this was left by an interrupted run (cpbench.job).
+        os.environ[SWEEP_STARTED_ENV] = repr(time.time())
         # What an interrupted multirun lists as not started (cpbench.job.interrupt_line).
         note_sweep(sweep_overrides(config), Path(config.hydra.sweep.dir),
                    OmegaConf.select(config, "hydra.launcher._target_"))
