@@ -2,7 +2,8 @@
 
 Says, where the results hold it: max N at each cp against cp=1 (and against a user-supplied
 single-GPU baseline), how walltime scales with N and with cp, whether compute or communication
-dominates (only where communication was measured), the best MFU, and how many jobs failed.
+dominates (only where communication was measured), the best MFU, which CP sizes were measured
+and which not (too few GPUs here, or every row failed), and how many jobs failed.
 """
 
 from __future__ import annotations
@@ -148,6 +149,28 @@ def mfu_sentences(rows: pd.DataFrame) -> list[str]:
             f"{best['workflow']}, {best['CP config']}, N={_n(best['N_tokens'])})."]
 
 
+def coverage_sentences(rows: pd.DataFrame) -> list[str]:
+    """Which CP sizes were measured (some row finished ok) and which were not, with why (the
+    statuses of their rows; ``insufficient_gpus``: the GPUs they need)."""
+    if "cp" not in rows or rows["cp"].notna().sum() == 0:
+        return []
+    known = rows[rows["cp"].notna()]
+    cps = sorted(set(known["cp"].astype(int)))
+    measured = sorted(set(known.loc[known["status"].isin(["ok", "unstable"]), "cp"].astype(int)))
+    missing = [cp for cp in cps if cp not in measured]
+    if not missing:
+        return [f"CP sizes measured: {', '.join(map(str, measured))}."] if len(cps) > 1 else []
+    why = []
+    for cp in missing:
+        statuses = sorted(set(known.loc[known["cp"].astype(int) == cp, "status"].astype(str)))
+        reason = f"needs {cp} GPUs" if statuses == ["insufficient_gpus"] else "/".join(statuses)
+        why.append(f"cp={cp} ({reason})")
+    head = f"CP sizes measured: {', '.join(map(str, measured))}; " if measured else "No CP size was measured; "
+    tail = (" (their rows carry the command that runs them under SLURM)"
+            if any("insufficient_gpus" in w or "GPUs" in w for w in why) else "")
+    return [head + f"not measured: {', '.join(why)}{tail}."]
+
+
 def failure_sentences(rows: pd.DataFrame) -> list[str]:
     failed = rows[rows["status"] != "ok"]
     if failed.empty:
@@ -161,4 +184,4 @@ def readout(rows: pd.DataFrame, baseline_max_n: int | None = None) -> str:
     if rows.empty:
         return "No result.json was found, so there is nothing to read out."
     return " ".join(max_n_sentences(rows, baseline_max_n) + walltime_sentences(rows) + cost_sentences(rows)
-                    + mfu_sentences(rows) + failure_sentences(rows))
+                    + mfu_sentences(rows) + coverage_sentences(rows) + failure_sentences(rows))

@@ -143,7 +143,10 @@ class GroupedSlurmLauncher(BaseSubmititLauncher):
         assert self.config is not None and self.hydra_context is not None
         loader = self.hydra_context.config_loader
         config = loader.load_sweep_config(self.config, overrides)
-        gpus_per_node = self._gpus_per_node()
+        # A point that runs on the CPU asks for no GPU: device=cpu (device=auto on a cluster of
+        # gpus_per_node=0 already does); a CPU-only cluster refuses any GPU request ("Invalid
+        # generic resource (gres) specification").
+        gpus_per_node = 0 if config.get("device") == "cpu" else self._gpus_per_node()
         cp = config.get("cp")
         if cp == "auto":
             from cpbench.config import AUTO_CP_ON_CPU
