@@ -9,6 +9,11 @@ too few GPUs raises ``ConfigError`` (the CLI turns it into one line and exit cod
 the sweep directory) carries the same signature: the resolved config minus
 resume/report/hydra, plus the code version (``cpbench.results.point_signature``).
 
+``routine=auto`` (the default) resolves to a timing when the job's overrides name ``N`` and to
+the probe otherwise; the timing job then also makes sure its configuration's max-N probe
+exists, exactly once per configuration (``ensure_probe``: a lock file in the sweep dir decides
+which job runs it; the result lands in ``<sweep dir>/probes/<signature>/``).
+
 An interrupted job (Ctrl-C, SIGTERM: ``cpbench.__main__`` turns both into ``KeyboardInterrupt``)
 leaves what it finished on disk; ``interrupt_line`` says what that was and how to continue.
 """

@@ -1,0 +1,71 @@
+"""The headline command (#19): ``python -m cpbench -m workflow=training cp=2,4,8 N=...`` gives both
+answers from one sweep: a timing row per (cp, N) and one max-N probe per cp (routine=auto).
+
+On this CPU (no GPU) the default trunk runs at its tiny preset, cp is the number of gloo
+processes, and the probe runs under the automatic training cap (config.AUTO_LIMIT_GIB). The
+issue's N=1024,2048 would take hours per timing point of cp=8 on two cores, so the N list is
+scaled down to N=32,64 (both below the probe's max N); cp=2,4,8 and two N values stay.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cpbench.results import iter_results
+
+from helpers.run import REPO_ROOT, run_cpbench
+
+HAS_REPORT = importlib.util.find_spec("cpbench.report") is not None
+CPS, NS = (2, 4, 8), (32, 64)
+
+
+@pytest.fixture()
+def frozen_code(tmp_path, monkeypatch) -> Path:
+    """cpbench and conf/ as they are now, first on PYTHONPATH of the controller and its workers:
+    a point's signature hashes cpbench's sources, so an edit of the tree during the sweep would
+    give the later jobs of a configuration another probe (as in tests/cluster)."""
+    root = tmp_path / "code"
+    for name in ("cpbench", "conf"):
+        shutil.copytree(REPO_ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    return root
+
+
+@pytest.mark.slow
+def test_headline_command_times_every_point_and_probes_each_cp_once(tmp_path, frozen_code):
+    sweep = tmp_path / "sweep"
+    proc = run_cpbench(["-m", "workflow=training", f"cp={','.join(map(str, CPS))}", f"N={','.join(map(str, NS))}",
+                        f"hydra.sweep.dir={sweep}", "report.out=docs/cp_benchmark.md"], cwd=tmp_path, timeout_s=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [(path, r) for path, r in iter_results(sweep)]
+    probes = {r["point"]["cp"]: (path, r) for path, r in records if r["routine"] == "probe"}
+    timings = {(r["point"]["cp"], r["point"]["N"]): r for _, r in records if r["routine"] == "timing"}
+    assert len(records) == len(CPS) + len(CPS) * len(NS), [(r["routine"], r["point"]) for _, r in records]
+
+    # one probe per cp, bounded by a real allocation failure
+    assert sorted(probes) == list(CPS)
+    for cp, (path, probe) in probes.items():
+        assert probe["status"] == "ok", probe["message"]
+        assert probe["max_n"] is not None and probe["first_fail_status"] == "oom", (cp, probe["message"])
+        assert probe["lower_bound"] is None and probe["first_fail_n"] > probe["max_n"]
+        assert probe["point"]["memory_limit_gib"] is not None and "N=" not in " ".join(probe["overrides"])
+        assert Path(path).parent.parent.name == "probes"
+
+    # a timing row per (cp, N), each naming its configuration's probe; exactly one job ran each probe
+    assert set(timings) == {(cp, n) for cp in CPS for n in NS}
+    for (cp, n), timing in timings.items():
+        assert timing["status"] == "ok", timing["message"]
+        assert timing["median_ms"] > 0 and timing["point"]["memory_limit_gib"] is None
+        assert Path(timing["probe"]["path"]) == Path(probes[cp][0])
+    for cp in CPS:
+        assert sum(timings[(cp, n)]["probe"]["ran_here"] for n in NS) == 1
+
+    if HAS_REPORT:
+        text = (tmp_path / "docs" / "cp_benchmark.md").read_text()
+        for cp, (_, probe) in probes.items():
+            assert f"{probe['max_n']:,} at cp={cp}" in text, text[:3000]
