@@ -168,7 +168,7 @@ def _run_job(cfg: DictConfig, ctx: JobContext) -> dict:
     shortage = _gpu_shortage(point, slots, ctx.overrides)
     if shortage is not None:
         if not ctx.multirun:
-            raise ConfigError("cp", point.cp, f"{shortage}: run it where cp GPUs are visible (or under SLURM)")
+            raise ConfigError("cp", point.cp, shortage)
         return finish(cfg, ctx, point, "insufficient_gpus", shortage, signature=signature)
     if slots.world_size != point.cp:
         return finish(cfg, ctx, point, "error", f"{slots.mode} launched {slots.world_size} ranks for cp={point.cp}",

@@ -98,3 +98,26 @@ def test_a_probe_whose_first_point_fails_says_what_to_change():
 
 def test_compose_cfg_keeps_routine_auto_in_the_config():
     assert OmegaConf.select(compose_cfg("N=64"), "routine") == "auto"
+
+
+def test_readout_says_which_cp_sizes_were_measured_and_which_not():
+    import pandas as pd
+
+    from cpbench.report.readout import coverage_sentences
+
+    rows = pd.DataFrame({"cp": [2, 2, 4, 8, 16], "status": ["ok", "oom", "ok", "insufficient_gpus", "error"]})
+    (text,) = coverage_sentences(rows)
+    assert text.startswith("CP sizes measured: 2, 4; not measured: cp=8 (needs 8 GPUs), cp=16 (error)"), text
+    assert coverage_sentences(rows[rows["cp"] <= 4]) == ["CP sizes measured: 2, 4."]
+
+
+def test_a_point_beyond_the_gpus_here_names_the_gpus_and_the_slurm_command(monkeypatch):
+    from cpbench import job
+    from cpbench.harness.slots import Slots
+
+    monkeypatch.setattr(job, "local_gpu_count", lambda: 1)
+    point = replace(compose_point("device=cpu", "model=tiny", "cp=4"), device="cuda")
+    slots = Slots("local", 4, 0, 1, (0, 1, 2, 3), (0, 0, 0, 0))
+    message = job._gpu_shortage(point, slots, ["workflow=training", "cp=4", "N=1024"])
+    assert message == ("cp=4 needs 4 GPUs, 1 visible here; run it with: "
+                       "python -m cpbench -m hydra/launcher=slurm workflow=training cp=4 N=1024")
