@@ -9,7 +9,9 @@ whose peer died, CUDA contexts) can hang it.
 
 Outcome (one JSON per rank): ``status`` ok | oom | error, ``message`` (one line),
 ``peak_alloc_gib``, ``peak_reserved_gib``, ``memory_measure``, ``times_ms`` (timing repeats,
-this rank), ``warmup_ms``, ``loss``, ``stats`` (the adapter's), ``seconds``. After every step a
+this rank), ``warmup_ms``, ``loss``, ``stats`` (the adapter's), ``seconds``,
+``energy_j_per_step`` (NVML's energy counter over the timed repeats / repeats, this rank's GPU;
+None when absent: ``cpbench.harness.energy``). After every step a
 rank also writes ``<work_dir>/rank<R>.progress.json`` (``warmup_ms``, ``times_ms``, ``stats`` so
 far), which the runner reads when the point times out: how far a too-slow point got.
 """
@@ -55,6 +57,7 @@ def run_rank(spec: dict, rank: int, device_index: int, outcome: dict) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from cpbench.harness import memory
+    from cpbench.harness.energy import energy_per_step, gpu_energy_j
     from cpbench.models.api import adapter_stats, load_adapter
 
     torch.set_num_threads(max(1, int(spec["threads"])))
@@ -91,6 +94,7 @@ def run_rank(spec: dict, rank: int, device_index: int, outcome: dict) -> None:
         return adapter.run_step(model, batch, spec["train"], **step_kwargs)
 
     warmup_ms, times_ms, loss = [], [], None
+    energy_start_j = None
     for i in range(spec["warmup"] + spec["repeats"]):
         profiling = spec.get("profile_path") and i == spec["warmup"]
         if profiling:
@@ -98,6 +102,8 @@ def run_rank(spec: dict, rank: int, device_index: int, outcome: dict) -> None:
             prof.__enter__()
         _barrier(device)  # all ranks start the iteration together
         _sync(device)
+        if i == spec["warmup"] and device.type == "cuda":
+            energy_start_j = gpu_energy_j(device.index)  # NVML energy counter; None when absent
         t0 = time.perf_counter()
         loss = step()
         _sync(device)
@@ -109,10 +115,15 @@ def run_rank(spec: dict, rank: int, device_index: int, outcome: dict) -> None:
         if profiling:
             prof.__exit__(None, None, None)
             prof.export_chrome_trace(spec["profile_path"].format(rank=rank))
+    outcome["energy_j_per_step"] = energy_per_step(energy_start_j, gpu_energy_j(device.index)
+                                                   if energy_start_j is not None else None, spec["repeats"])
     outcome["peak_alloc_gib"], outcome["peak_reserved_gib"] = peak.read_gib()
     outcome["warmup_ms"], outcome["times_ms"] = warmup_ms, times_ms
     outcome["loss"] = float(loss.detach().float().item()) if isinstance(loss, torch.Tensor) else None
     outcome["stats"] = adapter_stats(adapter)
+    # An adapter that resets the CUDA peak per stage (stage_peak_gib) cleared the process peak too.
+    stage_peaks = [v for v in (outcome["stats"].get("stage_peak_gib") or {}).values() if v is not None]
+    outcome["peak_alloc_gib"] = max([outcome["peak_alloc_gib"], *stage_peaks])
     outcome["status"], outcome["message"] = "ok", ""
 
 

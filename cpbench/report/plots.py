@@ -7,7 +7,10 @@ None, or returns the reason it was skipped (data absent) without writing anythin
   the smallest cp; an OOM bracket as an error bar, a lower bound as an open marker with an arrow up;
 * ``walltime``: median walltime vs N on log axes, with the fitted exponent per CP config;
 * ``memory``: per-rank peak memory vs N with the fitted a·N² + b·N + c per CP config;
-* ``comm``: the communication share of the step per CP config.
+* ``comm``: the communication share of the step per CP config;
+* ``stage_peak``: per-stage peak allocated memory (``stats.stage_peak_gib``) per timing point, one
+  bar per stage side by side (stage peaks overlap -- the trunk's includes the nested embedding's
+  -- so they are not stacked: a stack would add what is the same memory).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import pandas as pd  # noqa: E402
 from cpbench.report.analysis import best_fit_per_cp, latest_ok_timing, memory_points, walltime_exponent  # noqa: E402
 from cpbench.report.memory_model import fit_peak_memory  # noqa: E402
 from cpbench.report.readout import is_lower_bound  # noqa: E402
+from cpbench.report.rows import STAGE_PEAK_PREFIX  # noqa: E402
 
 
 def _series_label(keys: tuple, with_model: bool) -> str:
@@ -166,12 +170,36 @@ def plot_comm_share(rows: pd.DataFrame, path: Path) -> str | None:
     return None
 
 
+def plot_stage_peak(rows: pd.DataFrame, path: Path) -> str | None:
+    """Per-stage peak allocated memory per timing point (latest of each), a bar per stage."""
+    ok = latest_ok_timing(rows)
+    stages = [c for c in ok.columns if c.startswith(STAGE_PEAK_PREFIX)] if not ok.empty else []
+    if not stages:
+        return "no result carries per-stage peak memory (adapter stats stage_peak_gib, CUDA only)"
+    data = ok[ok[stages].notna().any(axis=1)].sort_values(["model", "workflow", "CP config", "N_tokens"])
+    labels = [f"{r['workflow']}\n{r['CP config']}\nN={int(r['N_tokens'])}" for _, r in data.iterrows()]
+    width = 0.8 / len(stages)
+    fig, ax = plt.subplots(figsize=(max(6.4, 0.9 * len(data) + 2), 4.4))
+    for j, col in enumerate(stages):
+        values = data[col].astype(float).to_numpy()
+        ax.bar(np.arange(len(data)) + (j - (len(stages) - 1) / 2) * width, np.nan_to_num(values), width,
+               color=f"C{j % 10}", label=col[len(STAGE_PEAK_PREFIX):])
+    ax.set_xticks(range(len(data)), labels, fontsize=7)
+    ax.set_ylabel("per-stage peak allocated (GiB, rank 0)")
+    ax.set_title("Peak memory per stage")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+    return None
+
+
 # name -> (title, function(rows, points, path)); the order is the report's.
 PLOTS: dict[str, tuple[str, Callable[[pd.DataFrame, pd.DataFrame, Path], str | None]]] = {
     "max_n": ("Max N vs CP size", lambda rows, points, path: plot_max_n(rows, path)),
     "walltime": ("Walltime vs N", lambda rows, points, path: plot_walltime(rows, path)),
     "memory": ("Peak memory vs N", plot_memory),
     "comm": ("Communication share", lambda rows, points, path: plot_comm_share(rows, path)),
+    "stage_peak": ("Peak memory per stage", lambda rows, points, path: plot_stage_peak(rows, path)),
 }
 
 

@@ -20,6 +20,8 @@ from cpbench.results import INCOMPLETE, max_over_ranks
 
 TABLE_COLUMNS = ("N_tokens", "N_atoms", "MSA_seq", "CP config", "peak_mem (GiB)", "walltime (ms)")
 STAGE_PREFIX = "stage_ms."
+STAGE_PEAK_PREFIX = "stage_peak_gib."  # per-stage peak allocated (stats.stage_peak_gib), where measured
+ENERGY_COLUMN = "energy (J/step)"  # summed over ranks (energy_j_per_step_per_rank), where NVML had the counter
 # Overrides that change what a model preset computes (its depth and module sizes).
 SIZE_KEYS = frozenset({"model.blocks", "model.msa_blocks", "model.atom_blocks", "model.c_s", "model.c_z",
                        "model.diffusion.blocks"})
@@ -87,11 +89,12 @@ def probe_point_rows(records: Iterable[tuple[Path, dict]]) -> pd.DataFrame:
             rows.append({
                 "model": model_label(rec), "workflow": workflow_label(point),
                 "topology": point.get("topology"), "cp": point.get("cp"), "CP config": cp_config_label(point),
-                "N": p.get("N"), "fits": bool(p.get("fits")), "status": p.get("status"),
+                "kernels": kernels_of(rec, point.get("model") or (rec.get("config") or {}).get("model") or {}),
+                "dtype": point.get("dtype"), "N": p.get("N"), "fits": bool(p.get("fits")), "status": p.get("status"),
                 "peak_alloc_gib": max_over_ranks(p.get("peak_alloc_gib")),
                 "peak_reserved_gib": max_over_ranks(p.get("peak_reserved_gib")), "seconds": p.get("seconds"),
             })
-    return pd.DataFrame(rows, columns=["model", "workflow", "topology", "cp", "CP config", "N", "fits",
+    return pd.DataFrame(rows, columns=["model", "workflow", "topology", "cp", "CP config", "kernels", "dtype", "N", "fits",
                                        "status", "peak_alloc_gib", "peak_reserved_gib", "seconds"])
 
 
@@ -119,6 +122,8 @@ def _row(path: Path, rec: dict, root: Path, peak_tflops_cfg: float | None) -> di
     row["comm share"] = comm_share(stats)
     for stage, ms in (stats.get("stage_ms") or {}).items():
         row[STAGE_PREFIX + str(stage)] = ms
+    for stage, gib in (stats.get("stage_peak_gib") or {}).items():
+        row[STAGE_PEAK_PREFIX + str(stage)] = gib
     row.update(_flops_fields(row, model, config, env, peak_tflops_cfg))
     return row
 
@@ -193,7 +198,17 @@ def _timing_fields(rec: dict, point: dict) -> dict[str, Any]:
         "peak_reserved (GiB)": max_over_ranks(rec.get("peak_reserved_gib")),
         "walltime (ms)": rec.get("median_ms"), "IQR (ms)": rec.get("iqr_ms"),
         "min (ms)": rec.get("min_ms"), "max (ms)": rec.get("max_ms"), "tokens/s": rec.get("tokens_per_s"),
+        ENERGY_COLUMN: energy_per_step(rec),
     }
+
+
+def energy_per_step(rec: dict) -> float | None:
+    """Joules per step summed over the ranks' GPUs (``energy_j_per_step_per_rank``, NVML's energy
+    counter around the timed repeats); None (absent, not zero) unless every rank measured it."""
+    per_rank = rec.get("energy_j_per_step_per_rank")
+    if not per_rank or any(e is None for e in per_rank):
+        return None
+    return float(sum(per_rank))
 
 
 def _atoms_at(n_tokens: int | None, point: dict, config: dict) -> int | None:

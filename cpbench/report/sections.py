@@ -11,7 +11,7 @@ import pandas as pd
 
 from cpbench.models.pairformer import flops
 from cpbench.report.memory_table import memory_tables
-from cpbench.report.rows import STAGE_PREFIX, TABLE_COLUMNS
+from cpbench.report.rows import ENERGY_COLUMN, STAGE_PEAK_PREFIX, STAGE_PREFIX, TABLE_COLUMNS
 from cpbench.results import INCOMPLETE
 
 DASH = "—"
@@ -131,17 +131,23 @@ def results_section(rows: pd.DataFrame) -> str:
     table["stage times (ms)"] = [
         ", ".join(f"{c[len(STAGE_PREFIX):]} {float(r[c]):.1f}" for c in stages if not _missing(r[c])) or DASH
         for _, r in table.iterrows()]
+    peaks = sorted(c for c in table.columns if c.startswith(STAGE_PEAK_PREFIX))
+    table["stage peaks (GiB)"] = [
+        ", ".join(f"{c[len(STAGE_PEAK_PREFIX):]} {float(r[c]):.2f}" for c in peaks if not _missing(r[c])) or DASH
+        for _, r in table.iterrows()]
     extra = ["workflow", "status", "IQR (ms)", "tokens/s", "TFLOP/s/GPU", "MFU"]
-    for optional in ("comm bytes/block", "comm share"):
+    for optional in ("comm bytes/block", "comm share", ENERGY_COLUMN):
         if optional in table and table[optional].notna().any():
             extra.append(optional)
     if stages:
         extra.append("stage times (ms)")
+    if peaks:
+        extra.append("stage peaks (GiB)")
     for context in ("model", "dtype"):  # shown only when the rows differ in it (else: metadata)
         if table[context].nunique() > 1:
             extra.insert(0, context)
     fmt = {"walltime (ms)": _num(2), "IQR (ms)": _num(2), "tokens/s": _num(0), "TFLOP/s/GPU": _sig(3),
-           "MFU": _pct, "comm bytes/block": _bytes, "comm share": _pct}
+           "MFU": _pct, "comm bytes/block": _bytes, "comm share": _pct, ENERGY_COLUMN: _num(1)}
     text = ["## Results", "",
             "One row per job. `max-fit` rows come from the max-N probe: N_tokens is the largest N "
             "measured to fit and peak_mem reads `peak (CAUSE@first failing N)`; status `incomplete`: the "

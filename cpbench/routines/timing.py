@@ -48,6 +48,9 @@ def run_timing(point: Point, runner: Runner, out_dir: Path | None) -> dict:
     out["tokens_per_s"] = point.N / (out["median_ms"] / 1e3) if out["median_ms"] > 0 else None
     out["loss"] = result.ranks[0].get("loss")
     out["stats"] = result.ranks[0].get("stats") or {}
+    energy = result.per_rank("energy_j_per_step")  # NVML, per rank's GPU; absent without the counter
+    if any(e is not None for e in energy):
+        out["energy_j_per_step_per_rank"] = energy
     if profile_path:
         out["profile_traces"] = [Path(profile_path.format(rank=r)).name for r in range(point.cp)]
     return out

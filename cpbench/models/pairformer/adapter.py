@@ -153,19 +153,21 @@ class PairformerAdapter:
         if model.optimizer is None:
             model.optimizer = torch.optim.AdamW(model.parameters(), lr=self.lr)
         model.optimizer.zero_grad(set_to_none=True)
-        s, z = model(batch, layout, recycles=self.recycles, run_blocks=run_blocks, checkpointing=self.checkpointing)
-        local_loss = trunk_loss(s, z, batch["token_mask"], layout)
+        with timer.stage("forward"):  # stage peaks only: training stage times come from now_s
+            s, z = model(batch, layout, recycles=self.recycles, run_blocks=run_blocks, checkpointing=self.checkpointing)
+            local_loss = trunk_loss(s, z, batch["token_mask"], layout)
         forward_end_s = now_s(z)
         del s, z
-        local_loss.backward()
-        all_reduce_grads(model, layout)
-        model.optimizer.step()
+        with timer.stage("backward_optimizer"):
+            local_loss.backward()
+            all_reduce_grads(model, layout)
+            model.optimizer.step()
         loss = comm.all_reduce_(local_loss.detach().clone(), layout)
-        self._record(model, start_s, forward_end_s, now_s(loss))
+        self._record(model, start_s, forward_end_s, now_s(loss), peaks=timer.peaks_gib())
         return loss
 
     def _record(self, model: PairformerTrunk, start_s: float, forward_end_s: float, end_s: float | None,
-                timer: StageTimer | None = None) -> None:
+                timer: StageTimer | None = None, peaks: dict[str, float] | None = None) -> None:
         if timer is not None:  # inference: embedding, trunk (blocks + recycling), sampling
             stage_ms = timer.ms()
             stage_ms["trunk"] = stage_ms["trunk"] - stage_ms.setdefault("embedding", 0.0)
@@ -182,6 +184,9 @@ class PairformerAdapter:
             "kernels": ops_kernels.active(),
             "compile_s": round(ops_kernels.compile_seconds(), 3),
         }
+        peaks = timer.peaks_gib() if timer is not None else (peaks or {})
+        if peaks:  # CUDA only: per-stage peak allocated (StageTimer)
+            self._stats["stage_peak_gib"] = peaks
         if sdpa_lse.kernel_in_use() is not None:  # CUDA, ops that merge attention pieces (2d)
             self._stats["attention_lse_kernel"] = sdpa_lse.kernel_in_use()
 
@@ -193,6 +198,8 @@ class PairformerAdapter:
         where attention pieces were merged (2d), ``attention_lse_kernel`` (``cudnn`` or
         ``efficient``, see ``sdpa_lse``); ``kernels`` (the backend that ran: ``torch``, ``flex`` or
         ``cueq``) and ``compile_s`` (wall seconds of ``torch.compile`` in this process so far: the
-        first calls, which the timing's warmup absorbs)."""
+        first calls, which the timing's warmup absorbs); on CUDA ``stage_peak_gib`` (peak
+        allocated GiB per stage: embedding, trunk -- which includes its nested embedding --
+        sampling; training: forward, backward_optimizer; ``StageTimer.peaks_gib``)."""
         return dict(self._stats)
 

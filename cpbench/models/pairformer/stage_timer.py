@@ -6,6 +6,14 @@ On CUDA the stages are bracketed by events, so timing a stage does not stall the
 embedding runs once per recycle); its time is the sum. Stages may nest: the adapter times
 ``trunk`` around the whole trunk forward and subtracts the nested ``embedding``.
 
+On CUDA the timer also records each stage's peak allocated memory (``peaks_gib()``): the peak
+counter is reset (``torch.cuda.reset_peak_memory_stats``) at each stage start, after the peak
+so far has been folded into every stage still open, so an outer stage's peak includes its
+nested stages'. The reset also clears the process-wide peak the harness reads at the end of a
+run; the harness takes the max of it and these stage peaks (``stage_peak_gib``), which cover
+the step. On CPU no stage peak is recorded (the only cheap CPU peak, VmHWM, is process-wide and
+the harness's own).
+
 Usage::
 
     timer = StageTimer(device)
@@ -31,10 +39,15 @@ class StageTimer:
         self.device = torch.device(device)
         self._cuda = self.device.type == "cuda"
         self._spans: dict[str, list] = defaultdict(list)
+        self._peaks: dict[str, int] = {}
+        self._open: list[str] = []
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
         if self._cuda:
+            self._fold_peak()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._open.append(name)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             try:
@@ -42,12 +55,26 @@ class StageTimer:
             finally:
                 end.record()
                 self._spans[name].append((start, end))
+                self._fold_peak()
+                self._open.remove(name)
         else:
             start_s = time.perf_counter()
             try:
                 yield
             finally:
                 self._spans[name].append(time.perf_counter() - start_s)
+
+    def _fold_peak(self) -> None:
+        """Fold the peak allocated since the last reset into every open stage."""
+        if not self._open:
+            return
+        peak = torch.cuda.max_memory_allocated(self.device)
+        for open_name in self._open:
+            self._peaks[open_name] = max(self._peaks.get(open_name, 0), peak)
+
+    def peaks_gib(self) -> dict[str, float]:
+        """Peak allocated GiB per stage name (max over its entries); {} on CPU."""
+        return {k: v / 2**30 for k, v in self._peaks.items()}
 
     def ms(self) -> dict[str, float]:
         """Milliseconds per stage name (summed over its entries); synchronises on CUDA."""
