@@ -288,11 +288,11 @@ def _min_cp(n: int, fit: MemoryFit | None, cp: int, peak: Figure, gpu_gib: float
     if not gpu_gib or fit is None:
         return None, "no GPU size"
     if fit.a <= 0:
-        return (cp, "own cp (no N² term to scale)") if peak.value <= gpu_gib else (None, "no N² term to scale")
+        return (cp, "own cp only: no N² term") if peak.value <= gpu_gib else (None, "no N² term to scale")
     for c in CP_CANDIDATES:
         value = peak.value if c == cp else fit.predict_gib(n, c)
         if value <= gpu_gib:
-            return c, "" if c == cp else f"N² term scaled from cp={cp}"
+            return c, "" if c == cp else f"N² scaled from cp={cp}"
     return None, f"none up to cp={CP_CANDIDATES[-1]}"
 
 

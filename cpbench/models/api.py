@@ -17,7 +17,12 @@ Optional extensions, used when present:
 * ``run_step(model, batch, train, run_blocks=k)``: run only ``k`` trunk blocks (all weights
   still allocated); lets the probe shorten inference steps (``probe.depth``).
 * ``stats() -> dict``: measurements of the last step, e.g. ``{"stage_ms": {"trunk": ..},
-  "comm_bytes_per_block": ..}``; copied into the result record.
+  "comm_bytes_per_block": ..}``; copied into the result record. Optional keys the report reads:
+  ``stage_ms`` (ms per stage), ``stage_peak_gib`` (peak allocated GiB per stage, e.g.
+  ``{"embedding": .., "trunk": .., "sampling": ..}`` or ``{"forward": .., "backward_optimizer":
+  ..}``; omit it where it is not measured -- the reference adapter records it on CUDA only,
+  resetting the peak counter at each stage start, so the worker takes the run's peak as the max
+  of its own reading and these stage peaks), ``comm_bytes_per_block``, ``comm_share``.
 
 Hydra instantiates the adapter from the ``model`` config: ``_target_`` plus keyword sizes.
 A ``_target_`` that names a module with the three functions at top level (the shape of the
