@@ -141,3 +141,10 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, case):
     expect = {"unreadable": "missing.fasta", "no_results": "no result.json", "no_fit_model": "nosuchmodel",
               "no_fit_workflow": "training"}[case]
     assert expect in lines[0]
+
+
+def test_the_shipped_large_complex_has_more_than_5000_tokens():
+    from cpbench.data.real import resolve_input_sizes
+
+    sizes = resolve_input_sizes({"inputs": "hemoglobin_9x.yaml", "ccd": None})
+    assert (sizes.N, sizes.N_atoms, sizes.S) == (5166, 39420, 1)
