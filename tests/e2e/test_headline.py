@@ -5,7 +5,7 @@ On this CPU (no GPU) the default trunk runs at its tiny preset, cp is the number
 processes, and the probe runs under the automatic training cap (config.AUTO_LIMIT_GIB). The
 issue's N=1024,2048 would take hours per timing point of cp=8 on two cores, so the N list is
 scaled down to N=16,32 (both at most the probe's max N, 64 at every cp under the 0.3 GiB cap);
-cp=2,4,8 and two N values stay. About 4-6 minutes on a 2-core machine (the three probes ~2 min,
+cp=2,4,8 and two N values stay. About 3.5 minutes on a shared 2-core machine (the three probes ~2 min,
 the six timings the rest), hence ``slow``.
 """
 
