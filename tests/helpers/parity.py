@@ -83,6 +83,15 @@ def record_trunk_grad_errors(errors: dict, mod: torch.nn.Module, ref: torch.nn.M
     errors["trunk/grads"] = rel_error(grads, grads_ref)
 
 
+def assert_training_losses_match(cp_losses: list[float], ref: list[float], context: tuple) -> None:
+    """The sharded run's training losses against the serial run's: the first step's at TOL; the
+    later ones come after AdamW steps, which carry the rounding of ~0 gradient components into the
+    update (above), so like the trained parameters they are held to TRUNK_PARAM_TOL (at TOL this
+    check failed 2 of 6 runs on the commit before the layout refactor)."""
+    assert abs(cp_losses[0] - ref[0]) <= TOL * abs(ref[0]), (*context, cp_losses, ref)
+    assert all(abs(a - b) <= TRUNK_PARAM_TOL * abs(b) for a, b in zip(cp_losses, ref)), (*context, cp_losses, ref)
+
+
 def record_trained_param_errors(errors: dict, mod: torch.nn.Module, ref: torch.nn.Module) -> None:
     """``errors["train3/params"]``: the trained parameters norm-wise over the model, scaled."""
     flat = torch.cat([p.detach().reshape(-1) for p in mod.parameters()])
