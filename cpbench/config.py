@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from cpbench.data.real import resolve_input_sizes
 from cpbench.harness.devices import cuda_available, local_gpu_count
 from cpbench.models.api import AdapterError, import_target
+from cpbench.models.pairformer.flops import PAIRFORMER_TARGET
 from cpbench.models.pairformer.ops import kernels
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -294,7 +295,7 @@ def resolve_point(cfg: DictConfig, overrides: list[str] | None = None) -> Point:
         raise ConfigError("model._target_", model.get("_target_") if isinstance(model, dict) else model,
                           "a class or module with build_model, build_batch, run_step (model=adapter model._target_=pkg.Cls)")
     _check_importable(str(model["_target_"]))
-    if model.get("kernels") is not None:
+    if model.get("_target_") == PAIRFORMER_TARGET and model.get("kernels") is not None:
         _check_kernels(str(model["kernels"]), device)
 
     probe_cfg = data.get("probe") or {}
@@ -389,7 +390,8 @@ def _check_importable(target: str) -> None:
 
 
 def _check_kernels(name: str, device: str) -> None:
-    """``model.kernels`` names a backend this device can run (``cueq`` needs its package)."""
+    """The reference trunk's ``model.kernels`` names a backend this device can run (``cueq``
+    needs its package); a user's adapter may give ``kernels`` a meaning of its own."""
     import torch
 
     try:
