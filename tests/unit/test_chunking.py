@@ -56,3 +56,40 @@ def test_channel_chunks_have_no_floor():
     """At most c chunks, whatever N: a zero remainder of a budget still runs channel by channel."""
     assert divisor_chunk(128, MIB, FreeMemoryBudget(0)) == 1
     assert divisor_chunk(128, MIB, FreeMemoryBudget(64 * MIB)) == 64
+
+
+class _CudaPair:
+    """The attributes of a CUDA pair shard ``budget_bytes`` reads (no GPU needed)."""
+
+    is_cuda, device = True, "cuda:0"
+
+    def __init__(self, n_bytes: int):
+        self.n_bytes = n_bytes
+
+    def numel(self) -> int:
+        return self.n_bytes // 2
+
+    def element_size(self) -> int:
+        return 2
+
+
+GIB = 1 << 30
+
+
+@pytest.mark.parametrize("free_gib", [40.0, 60.0, 120.0])
+def test_a_cuda_budget_away_from_the_limit_does_not_depend_on_free_memory(monkeypatch, free_gib):
+    """A tenth of the device (or a quarter of the pair shard when larger) whatever is free, so a
+    probe's peaks are a function of N the predict strategy can fit."""
+    monkeypatch.setattr(chunking, "_cuda_free_bytes", lambda device: (int(free_gib * GIB), 140 * GIB))
+    assert chunking.budget_bytes(_CudaPair(GIB)) == 14 * GIB
+    assert chunking.budget_bytes(_CudaPair(80 * GIB)) == min(20 * GIB, int(0.4 * free_gib * GIB))
+
+
+def test_a_cuda_budget_near_the_limit_is_a_share_of_free_memory_and_keeps_its_floor(monkeypatch):
+    monkeypatch.setattr(chunking, "_cuda_free_bytes", lambda device: (10 * GIB, 140 * GIB))
+    budget = chunking.budget_bytes(_CudaPair(60 * GIB))
+    assert budget == 4 * GIB and isinstance(budget, FreeMemoryBudget)
+    # training leaves room for the backward's pair-sized tensors first, with the same size term
+    monkeypatch.setattr(chunking, "_cuda_free_bytes", lambda device: (100 * GIB, 140 * GIB))
+    assert chunking.training_budget_bytes(_CudaPair(GIB)) == 14 * GIB
+    assert chunking.training_budget_bytes(_CudaPair(10 * GIB)) == int(0.4 * 20 * GIB)

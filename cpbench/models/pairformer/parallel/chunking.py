@@ -4,8 +4,15 @@ Without autograd the ops slice their work so that transient buffers fit a budget
 an op whose activations would not fit runs checkpointed chunks (backward keeps their inputs and
 recomputes one chunk at a time). The budget:
 
-* CUDA: a fraction of the free memory (device free + cached-but-unused), so chunks are as large
-  as memory allows (fast) and shrink as N grows (fits).
+* CUDA: ``min(0.4 × free, max(pair shard / 4, 0.1 × device memory))``. Free is what the
+  caching allocator can hand out (device free + cached-but-unused, within a
+  ``memory.limit_gib`` cap); device memory is the GPU's total (or the cap). The second term
+  makes the budget a function of N and the device, not of how much happens to be free: a
+  point's peak is then ``pair tensors + budget + constants``, a quadratic in N that the
+  probe's ``predict`` strategy and the report's memory model can fit (with the free-memory
+  share alone, the transients filled 40 % of whatever was free and the peak at N=4,096 was
+  50.6 GiB against 59.7 at 8,192 on one H200). Chunks stay large (a tenth of the GPU) at the
+  sizes people time, and the free-memory term still shrinks them near the limit.
 * CPU: a quarter of the local pair shard, so transients scale with the shard like on a full GPU.
 
 Tests force tiny chunks with ``override_budget`` to exercise the chunked paths.
@@ -27,7 +34,9 @@ from typing import Iterator
 
 import torch
 
-_CUDA_FREE_FRACTION = 0.4
+_CUDA_FREE_FRACTION = 0.4    # share of the free memory one op's transients may take
+_CUDA_DEVICE_FRACTION = 0.1  # the budget's size term: a tenth of the device memory ...
+_PAIR_FRACTION = 4           # ... or a quarter of the pair shard, whichever is larger (CPU: the latter)
 _CPU_FLOOR_BYTES = 128 << 10  # below this, per-chunk overhead dominates tiny CPU runs
 # A free-memory budget that holds fewer rows than this (or than the op has) means out of memory:
 # one to three rows per chunk is where an op crawls (n_rows chunks, each too small to be fast).
@@ -75,15 +84,30 @@ def budget_bytes(pair: torch.Tensor) -> int:
     """Bytes an op may spend on transient buffers, given the local pair shard ``pair``."""
     if _override_bytes is not None:
         return _override_bytes
+    pair_share_b = pair.numel() * pair.element_size() // _PAIR_FRACTION
     if pair.is_cuda:
-        return FreeMemoryBudget(_cuda_free_bytes(pair.device) * _CUDA_FREE_FRACTION)
-    return max(pair.numel() * pair.element_size() // 4, _CPU_FLOOR_BYTES)
+        free_b, capacity_b = _cuda_free_bytes(pair.device)
+        return FreeMemoryBudget(min(free_b * _CUDA_FREE_FRACTION, _cuda_size_term(pair_share_b, capacity_b)))
+    return max(pair_share_b, _CPU_FLOOR_BYTES)
 
 
-def _cuda_free_bytes(device: torch.device) -> int:
-    """What the caching allocator can hand out: device free plus cached-but-unused bytes."""
-    free_b, _ = torch.cuda.mem_get_info(device)
-    return free_b + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+def _cuda_size_term(pair_share_b: int, capacity_b: int) -> int:
+    """The budget's deterministic term on CUDA: a quarter of the pair shard or a tenth of the device."""
+    return max(pair_share_b, int(capacity_b * _CUDA_DEVICE_FRACTION))
+
+
+def _cuda_free_bytes(device: torch.device) -> tuple[int, int]:
+    """(bytes the caching allocator can hand out, this process's device memory).
+
+    Free is device free plus cached-but-unused bytes, and within a per-process memory fraction
+    (``memory.limit_gib``) what is left of it; the capacity is the device total times that fraction.
+    """
+    free_b, total_b = torch.cuda.mem_get_info(device)
+    allocated_b = torch.cuda.memory_allocated(device)
+    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    capacity_b = int(total_b * (get_fraction(device) if get_fraction is not None else 1.0))
+    free_b = min(free_b + torch.cuda.memory_reserved(device) - allocated_b, capacity_b - allocated_b)
+    return max(free_b, 0), capacity_b
 
 
 # Pair-shard-sized tensors the backward of one checkpointed block holds besides the chunks of the
@@ -95,14 +119,18 @@ _MIN_TRAINING_BUDGET_BYTES = 64 << 20
 def training_budget_bytes(pair: torch.Tensor) -> int:
     """The chunk budget of a checkpointed block in training (``block.op_runner``): the default
     budget measured after leaving room for that block's backward (``BACKWARD_PAIRS`` tensors
-    the size of ``pair``). Without it the budget is 40 % of a free memory that the backward
-    then fills, and a step that fits in the forward fails in the backward (docs/perf_notes.md,
-    training max N). CPU: the default (a quarter of the pair shard). A plain int: it has a
-    minimum of its own, so it never carries the ``rows_per_chunk`` floor."""
+    the size of ``pair``), with the same size term as ``budget_bytes``. Without the room the
+    budget is 40 % of a free memory that the backward then fills, and a step that fits in the
+    forward fails in the backward (docs/perf_notes.md, training max N). CPU: the default (a
+    quarter of the pair shard). A plain int: it has a minimum of its own, so it never carries
+    the ``rows_per_chunk`` floor."""
     if _override_bytes is not None or not pair.is_cuda:
         return budget_bytes(pair)
-    room_b = _cuda_free_bytes(pair.device) - BACKWARD_PAIRS * pair.numel() * pair.element_size()
-    return max(int(room_b * _CUDA_FREE_FRACTION), _MIN_TRAINING_BUDGET_BYTES)
+    free_b, capacity_b = _cuda_free_bytes(pair.device)
+    pair_b = pair.numel() * pair.element_size()
+    room_b = free_b - BACKWARD_PAIRS * pair_b
+    budget_b = min(int(room_b * _CUDA_FREE_FRACTION), _cuda_size_term(pair_b // _PAIR_FRACTION, capacity_b))
+    return max(budget_b, _MIN_TRAINING_BUDGET_BYTES)
 
 
 def _rows_fit(n_rows: int, bytes_per_row: int, budget_b: int) -> int:
