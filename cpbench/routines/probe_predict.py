@@ -16,7 +16,7 @@ from cpbench.config import Point
 from cpbench.results.memory_fit import MemoryFit, fit_peak_memory, fitting_points
 
 PREDICT_POINTS = 3          # fitting points (distinct N) the ramp measures before the prediction
-BRACKET_FRACTION = 0.10     # half-width of the first bracket, relative to the predicted N
+BRACKET_FRACTION = 0.05     # half-width of the first bracket, relative to the predicted N (a wrong end widens it)
 
 
 @dataclass(frozen=True)

@@ -65,3 +65,18 @@ def test_sampling_false_keeps_the_trunk_only_step():
 def test_probe_depth_cuts_sampler_steps_and_token_blocks():
     _, _, calls = _step(sampling=True, steps=50, run_blocks=2)
     assert calls == {"denoiser": 2, "token_blocks": 2 * 2}
+
+
+def test_probe_depth_cuts_recycling_passes():
+    """``run_blocks=k`` runs ``min(k, recycles) + 1`` trunk passes (recycling updates z in place,
+    so the passes add time, not memory); the full step runs ``recycles + 1``."""
+    torch.manual_seed(0)
+    adapter = PairformerAdapter(**TINY, dtype="fp32", recycles=3, sampling=False)
+    model = adapter.build_model(None, CPU)
+    batch = adapter.build_batch(24, 24 * 6, 4, None, CPU)
+    passes = []
+    model.blocks[0].register_forward_hook(lambda *_: passes.append(1))
+    for run_blocks, expected in ((1, 2), (2, 3), (None, 4)):
+        passes.clear()
+        adapter.run_step(model, batch, train=False, run_blocks=run_blocks)
+        assert len(passes) == expected, (run_blocks, len(passes))

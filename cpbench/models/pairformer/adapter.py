@@ -129,18 +129,20 @@ class PairformerAdapter:
         Training: forward, backward, gradient all-reduce and an AdamW step; returns the global
         loss (same on every rank); the diffusion module is not trained.
 
-        ``run_blocks=k`` (probe depth) runs k trunk blocks and, when sampling, ``min(k,
-        sampling_steps)`` sampler steps of k token blocks each: a step's peak does not depend on
-        how many steps ran before it (the probe checks that the peak matches the full step's).
+        ``run_blocks=k`` (probe depth) runs k trunk blocks in ``min(k, recycles) + 1`` passes
+        and, when sampling, ``min(k, sampling_steps)`` sampler steps of k token blocks each: a
+        step's peak does not depend on how many blocks, passes or steps ran before it (recycling
+        updates z in place; the probe checks that the peak matches the full step's).
         """
         layout: Layout = model.layout
+        recycles = self.recycles if run_blocks is None else min(self.recycles, run_blocks)
         comm.BYTES.reset()
         timer = StageTimer(batch["token_mask"].device)
         start_s = now_s(batch["token_mask"])
         if not train:
             with torch.no_grad():
                 with timer.stage("trunk"):
-                    s, z = model(batch, layout, recycles=self.recycles, run_blocks=run_blocks, timer=timer)
+                    s, z = model(batch, layout, recycles=recycles, run_blocks=run_blocks, timer=timer)
                 if model.diffusion is not None:
                     with timer.stage("sampling"):
                         ctx = model.diffusion.prepare(s, z, model.s_inputs, batch, layout)
@@ -154,7 +156,7 @@ class PairformerAdapter:
             model.optimizer = torch.optim.AdamW(model.parameters(), lr=self.lr)
         model.optimizer.zero_grad(set_to_none=True)
         with timer.stage("forward"):  # stage peaks only: training stage times come from now_s
-            s, z = model(batch, layout, recycles=self.recycles, run_blocks=run_blocks, checkpointing=self.checkpointing)
+            s, z = model(batch, layout, recycles=recycles, run_blocks=run_blocks, checkpointing=self.checkpointing)
             local_loss = trunk_loss(s, z, batch["token_mask"], layout)
         forward_end_s = now_s(z)
         del s, z
