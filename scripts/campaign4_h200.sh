@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Exact max N and the fast trunk after the deterministic chunk budget (#17, #18), on one H200.
+#   run on the GPU machine from a tree that has .whl/ (../shared/gpu/README.md):
+#   OUT=<dir> bash scripts/campaign4_h200.sh CALL
+# CALL e: #18's cp=1 trunk-only max-N probe as a user runs it (boltz2 preset, recycles 0, kernels
+#         auto), from N=1024 to granularity 512, predict + verify, inside this one call; then, while
+#         time lasts, where one block's time goes (scripts/block_profile.py, flex and torch, N=2048).
+# CALL f: #17 side by side: the 64-block trunk pass at N=2048 and N=512, flex then torch; then the
+#         max-N check at N=16,000 with kernels=torch (one probe point after a cheap depth check).
+# CALL g: #17 side by side: one training step (64 blocks, checkpointing, AdamW) at N=1536, cp=1,
+#         kernels=flex with the compiled training path, then kernels=torch.
+set -u
+CALL=${1:?call name}
+OUT=${OUT:?set OUT}
+BUDGET_S=${BUDGET_S:-575}
+START=$(date +%s)
+mkdir -p "$OUT"
+source scripts/gpu_env.sh > "$OUT/env.txt" 2>&1 || { cat "$OUT/env.txt"; exit 1; }
+cat "$OUT/env.txt"
+cat commit.txt > "$OUT/commit.txt" 2>/dev/null || true
+nvidia-smi > "$OUT/nvidia-smi_before.txt" 2>&1
+
+left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
+point() {  # point NAME NEEDED_S OVERRIDES...: one cpbench job into $OUT/NAME when NEEDED_S remain
+  local name=$1 need=$2; shift 2
+  if [ "$(left)" -lt "$need" ]; then echo "skip $name: $(left) s left, needs $need"; return; fi
+  local t0=$(date +%s)
+  timeout $(( $(left) - 5 )) python3 -m cpbench "$@" hydra.run.dir="$OUT/$name" > "$OUT/$name.log" 2>&1
+  echo "phase $name rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/$name.log" | cut -c1-600)"
+}
+TRUNK="model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing cp=1"
+TRAIN="model=boltz2 workflow=training routine=timing cp=1"
+
+case "$CALL" in
+  e)
+    point probe_trunk_cp1 300 model=boltz2 workflow.sampling=false workflow.recycles=0 routine=probe cp=1 \
+      probe.start=1024 probe.granularity=512 probe.strategy=predict probe.verify=true probe.timeout_s=200 \
+      probe.budget_s=$(( $(left) - 130 ))
+    grep -h "probe N=\|predicted\|verify\|depth check" "$OUT/probe_trunk_cp1.log" | cut -c1-400
+    if [ "$(left)" -gt 60 ]; then
+      t0=$(date +%s)
+      timeout $(( $(left) - 5 )) python3 scripts/block_profile.py --n 2048 --kernels flex torch \
+        --out "$OUT/block_profile_2048.json" > "$OUT/block_profile_2048.log" 2>&1
+      echo "phase block_profile rc=$? $(( $(date +%s) - t0 )) s"; grep '^{' "$OUT/block_profile_2048.log"
+    fi
+    ;;
+  f)
+    point trunk2048_flex 150 $TRUNK N=2048 model.kernels=flex timing.timeout_s=200
+    point trunk2048_torch 130 $TRUNK N=2048 model.kernels=torch timing.timeout_s=150
+    point trunk512_flex 60 $TRUNK N=512 model.kernels=flex timing.timeout_s=90
+    point trunk512_torch 45 $TRUNK N=512 model.kernels=torch timing.timeout_s=60
+    point fit16000_torch 150 model=boltz2 workflow.sampling=false workflow.recycles=0 routine=probe cp=1 \
+      model.kernels=torch probe.start=16000 probe.depth=1 probe.depth_check_n=1024 probe.max_points=2 \
+      probe.verify=false probe.timeout_s=$(( $(left) - 30 ))
+    grep -h "probe N=\|depth check" "$OUT/fit16000_torch.log" | cut -c1-400
+    ;;
+  g)
+    point train1536_flex 200 $TRAIN N=1536 model.kernels=flex model.compile_training=true timing.timeout_s=300
+    point train1536_torch 200 $TRAIN N=1536 model.kernels=torch timing.timeout_s=$(( $(left) - 15 ))
+    ;;
+  *) echo "unknown call $CALL"; exit 2 ;;
+esac
+nvidia-smi > "$OUT/nvidia-smi_after.txt" 2>&1
+# Only a few files of a call come back from the GPU machine: everything also goes into one archive.
+tar czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")" && mv "$OUT.tgz" "$OUT/all.tgz"
+echo "done in $(( $(date +%s) - START )) s"
