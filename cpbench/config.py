@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cpbench.data.real import resolve_input_sizes
 from cpbench.harness.devices import cuda_available, local_gpu_count
-from cpbench.models.api import AdapterError, import_target
+from cpbench.models.api import AdapterConfigError, AdapterError, adapter_max_cp, check_adapter_config, import_target
 from cpbench.models.pairformer.flops import PAIRFORMER_TARGET
 from cpbench.models.pairformer.ops import kernels
 
@@ -223,7 +223,8 @@ def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
         key = key.lstrip("+~")
         if not sep or key not in CHECKED_GROUPS or "(" in value or "*" in value:
             continue
-        options = sorted(p.stem for p in (conf_dir / key).glob("*.yaml"))
+        # nested options too: model=stock/boltz2 is conf/model/stock/boltz2.yaml
+        options = sorted(p.relative_to(conf_dir / key).with_suffix("").as_posix() for p in (conf_dir / key).rglob("*.yaml"))
         for option in value.split(","):
             if option and option != "null" and option not in options:
                 raise ConfigError(key, option, f"one of {', '.join(options)}")
@@ -275,6 +276,7 @@ def resolve_point(cfg: DictConfig, overrides: list[str] | None = None) -> Point:
     cp = data.get("cp")
     if _is_auto(cp):
         cp = max(1, local_gpu_count()) if device == "cuda" else AUTO_CP_ON_CPU
+        cp = min(cp, adapter_max_cp(data.get("model") or {}) or cp)  # a single-GPU adapter: 1
     cp = _int("cp", cp, 1, "a positive integer or auto")
     mesh_shape, dim_names, unit = mesh_for(topology["name"], cp, topology.get("cp0"))
 
@@ -295,6 +297,7 @@ def resolve_point(cfg: DictConfig, overrides: list[str] | None = None) -> Point:
         raise ConfigError("model._target_", model.get("_target_") if isinstance(model, dict) else model,
                           "a class or module with build_model, build_batch, run_step (model=adapter model._target_=pkg.Cls)")
     _check_importable(str(model["_target_"]))
+    _check_adapter_config(model, cp, device, bool(workflow.get("train")))
     if model.get("_target_") == PAIRFORMER_TARGET and model.get("kernels") is not None:
         _check_kernels(str(model["kernels"]), device)
 
@@ -387,6 +390,14 @@ def _check_importable(target: str) -> None:
         import_target(target)
     except AdapterError as exc:
         raise ConfigError("model._target_", target, str(exc).split(": ", 1)[-1]) from None
+
+
+def _check_adapter_config(model: dict, cp: int, device: str, train: bool) -> None:
+    """The adapter's own refusals (``check_config`` of ``cpbench/models/api.py``), as one line."""
+    try:
+        check_adapter_config(model, cp, device, train)
+    except AdapterConfigError as exc:
+        raise ConfigError(exc.key, exc.value, exc.allowed) from None
 
 
 def _check_kernels(name: str, device: str) -> None:

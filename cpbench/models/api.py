@@ -24,6 +24,16 @@ Optional extensions, used when present:
   resetting the peak counter at each stage start, so the worker takes the run's peak as the max
   of its own reading and these stage peaks), ``comm_bytes_per_block``, ``comm_share``.
 
+Optional class-level checks, run by the config validation before any job starts (the adapter
+is not instantiated there):
+
+* ``max_cp: int``: the largest CP size the adapter runs; ``cp=auto`` resolves to at most this
+  (the stock single-GPU models of ``cpbench/models/stock/`` say 1).
+* ``check_config(model: dict, cp: int, device: str, train: bool) -> None``: a classmethod or
+  staticmethod that raises ``AdapterConfigError(key, value, allowed)`` for a configuration it
+  cannot run (cp beyond ``max_cp``, a kernel this device lacks, a package that is not installed);
+  the user sees it as one line ``cpbench: error: key=value: allowed``.
+
 Hydra instantiates the adapter from the ``model`` config: ``_target_`` plus keyword sizes.
 A ``_target_`` that names a module with the three functions at top level (the shape of the
 fold-cp driver's adapters) works as well.
@@ -61,6 +71,14 @@ class Adapter(Protocol):
 
 class AdapterError(ValueError):
     """The model config does not name a usable adapter."""
+
+
+class AdapterConfigError(ValueError):
+    """An adapter's ``check_config`` refuses a configuration: ``key=value: allowed`` (one line)."""
+
+    def __init__(self, key: str, value: Any, allowed: str):
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"{key}={value}: {allowed}")
 
 
 def import_target(target: str) -> Any:
@@ -124,3 +142,27 @@ def adapter_stats(adapter: Adapter) -> dict:
     """The adapter's optional measurements of its last step (``{}`` when it has none)."""
     stats = getattr(adapter, "stats", None)
     return dict(stats()) if callable(stats) else {}
+
+
+def adapter_max_cp(model_cfg: dict) -> int | None:
+    """The ``max_cp`` its adapter declares (see the module docstring); None when it declares none
+    or its ``_target_`` does not import (the config check reports that on its own)."""
+    if not isinstance(model_cfg, dict):
+        return None
+    try:
+        obj = import_target(str(model_cfg.get("_target_")))
+    except AdapterError:
+        return None
+    value = getattr(obj, "max_cp", None)
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def check_adapter_config(model_cfg: dict, cp: int, device: str, train: bool) -> None:
+    """Run the adapter's optional ``check_config`` (see the module docstring).
+
+    Raises:
+        AdapterConfigError: the adapter refuses this configuration.
+    """
+    check = getattr(import_target(str(model_cfg.get("_target_"))), "check_config", None)
+    if callable(check):
+        check(dict(model_cfg), cp=cp, device=device, train=train)

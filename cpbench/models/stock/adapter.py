@@ -1,0 +1,209 @@
+"""What the stock trunks' adapters share: the cp=1 check, the inputs, the step, the stats.
+
+A stock adapter (``boltz2.py``, ``openfold3.py``, ``protenix.py``) builds the trunk module of an
+installed package with random weights and says how that project calls it; this base class runs
+it the same way for every project:
+
+* **Inputs** (``build_batch``): what the trunk module consumes and nothing else -- the single
+  and pair representations ``s: [1, N, c_s]`` and ``z: [1, N, N, c_z]`` (fp32, as the
+  projects' embedders hand them over under mixed precision), the token mask ``mask: [1, N]``
+  and the pair mask ``pair_mask: [1, N, N]`` (fp32, all ones: every token is real). They are
+  drawn on the device (the pair tensor is O(N²); a CPU copy would double the host's peak).
+* **Inference**: ``recycles + 1`` passes of the trunk without autograd, each from a fresh copy
+  of the inputs (the projects start every recycle from ``z_init`` plus a projection, so ``z_init``
+  and the working ``z`` live together; the in-place projects would otherwise grow the inputs
+  step after step), in the project's precision: ``dtype=bf16`` is its bf16 autocast with fp32
+  weights (the projects' ``bf16-mixed``), ``dtype=fp32`` is no autocast.
+* **Training**: forward in the same precision with the project's training settings (dropout,
+  per-block activation checkpointing from ``workflow.checkpointing``), loss ``mean(z²) + mean(s²)``
+  in fp32, backward into the trunk and the inputs (standing in for the embedder the gradient
+  would flow on into), an AdamW step; returns the loss.
+* **run_blocks** (the probe's shortened depth): the first k blocks of the stack's ``ModuleList``
+  run, every block's weights stay allocated (``first_blocks``).
+* **cp=1 only**: ``max_cp = 1`` makes ``cp=auto`` mean 1 and ``check_config`` refuses cp > 1
+  before any job starts: these are single-GPU baselines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, ClassVar, Iterator
+
+import torch
+from torch import nn
+
+from cpbench.models.api import AdapterConfigError
+from cpbench.models.pairformer.stage_timer import StageTimer
+from cpbench.models.stock.packages import STOCK_PACKAGES, StockPackageError, import_trunk_module, installed_version
+
+DTYPES = ("bf16", "fp32")
+
+
+@dataclass
+class StockBatch:
+    """The stock trunk's inputs at N tokens (see the module docstring for the shapes)."""
+
+    s: torch.Tensor          # [1, N, c_s] fp32
+    z: torch.Tensor          # [1, N, N, c_z] fp32
+    mask: torch.Tensor       # [1, N] fp32, ones
+    pair_mask: torch.Tensor  # [1, N, N] fp32, ones
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.mask.shape[-1])
+
+
+@contextlib.contextmanager
+def first_blocks(stack: nn.Module, attr: str, run_blocks: int | None) -> Iterator[None]:
+    """Let ``stack`` run only its first ``run_blocks`` blocks (its ``ModuleList`` ``attr``) inside
+    the block; all blocks stay allocated and come back afterwards. None or k >= depth: all."""
+    blocks = getattr(stack, attr)
+    if run_blocks is None or run_blocks >= len(blocks):
+        yield
+        return
+    setattr(stack, attr, nn.ModuleList(list(blocks)[:run_blocks]))
+    try:
+        yield
+    finally:
+        setattr(stack, attr, blocks)
+
+
+class StockAdapter:
+    """Base of the stock adapters; a subclass sets the class attributes and implements
+    ``build_trunk``, ``resolve_kernels`` and ``forward``."""
+
+    package: ClassVar[str]                 # key of ``STOCK_PACKAGES``
+    blocks_attr: ClassVar[str]             # the stack's ModuleList of blocks
+    kernel_choices: ClassVar[tuple[str, ...]] = ("auto", "torch")
+    max_cp: ClassVar[int] = 1              # single-GPU baselines (cpbench/models/api.py)
+
+    def __init__(self, sizes: dict[str, int], *, dropout: float, dtype: str, recycles: int, checkpointing: bool,
+                 lr: float, kernels: str) -> None:
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype={dtype!r}: allowed {', '.join(DTYPES)}")
+        if kernels not in self.kernel_choices:
+            raise ValueError(f"kernels={kernels!r}: allowed {', '.join(self.kernel_choices)}")
+        self.sizes = dict(sizes)
+        self.dropout, self.dtype, self.recycles = float(dropout), dtype, int(recycles)
+        self.checkpointing, self.lr, self.kernels = bool(checkpointing), float(lr), kernels
+        # Imported here, in the worker before its memory cap: the package's modules are not the point's.
+        self.module: ModuleType = import_trunk_module(self.package)
+        self.kernel: str | None = None     # resolved by build_model
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._stats: dict[str, Any] = {}
+
+    # ------------------------------------------------------------ what a subclass provides
+
+    def build_trunk(self) -> nn.Module:
+        """The stock trunk at ``self.sizes``, built by the package's own constructor."""
+        raise NotImplementedError
+
+    def resolve_kernels(self, kernels: str, device: torch.device, train: bool) -> str:
+        """The kernel backend that runs for ``model.kernels`` on ``device``."""
+        raise NotImplementedError
+
+    def forward(self, trunk: nn.Module, s: torch.Tensor, z: torch.Tensor, batch: StockBatch,
+                train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """One trunk pass the way the project calls it; ``s``/``z`` shaped as in ``StockBatch``."""
+        raise NotImplementedError
+
+    @classmethod
+    def check_kernels(cls, kernels: str, device: str) -> None:
+        """Refuse a kernel backend the device or the installed packages cannot run."""
+
+    # ------------------------------------------------------------ the protocol
+
+    @classmethod
+    def check_config(cls, model: dict, cp: int, device: str, train: bool) -> None:
+        """cp=1 only, a known kernel choice, an importable package (``cpbench/models/api.py``)."""
+        package = STOCK_PACKAGES[cls.package]
+        if cp > cls.max_cp:
+            raise AdapterConfigError("cp", cp, f"model=stock/{package.model} is the stock {package.title} trunk, "
+                                     "a single-GPU baseline: cp=1 only (its max N goes beside the CP configs' in the report)")
+        kernels = model.get("kernels", "auto")
+        if kernels not in cls.kernel_choices:
+            raise AdapterConfigError("model.kernels", kernels, f"one of {', '.join(cls.kernel_choices)} "
+                                     f"for model=stock/{package.model}")
+        try:
+            import_trunk_module(cls.package)
+        except StockPackageError as exc:
+            raise AdapterConfigError("model", f"stock/{package.model}", str(exc)) from None
+        cls.check_kernels(kernels, device)
+
+    def build_model(self, mesh: Any, device: torch.device) -> nn.Module:
+        """The stock trunk with random weights in fp32 on ``device`` (built there directly)."""
+        device = torch.device(device)
+        with device:
+            return self.build_trunk()
+
+    def build_batch(self, N: int, n_atoms: int, S: int, mesh: Any, device: torch.device) -> StockBatch:
+        """``StockBatch`` at N tokens; atoms and MSA do not enter the stock trunk module."""
+        device = torch.device(device)
+        generator = torch.Generator(device).manual_seed(int(torch.randint(0, 2**62, (1,))))
+        c_s, c_z = self.sizes["c_s"], self.sizes["c_z"]
+        return StockBatch(
+            s=torch.randn(1, N, c_s, generator=generator, device=device),
+            z=torch.randn(1, N, N, c_z, generator=generator, device=device),
+            mask=torch.ones(1, N, device=device),
+            pair_mask=torch.ones(1, N, N, device=device),
+        )
+
+    def run_step(self, model: nn.Module, batch: StockBatch, train: bool,
+                 run_blocks: int | None = None) -> torch.Tensor | None:
+        """One inference step (``recycles + 1`` passes) or one training step (see the module
+        docstring); ``run_blocks=k`` runs the first k blocks of every pass."""
+        device = batch.z.device
+        if self.kernel is None:
+            self.kernel = self.resolve_kernels(self.kernels, device, train)
+        timer = StageTimer(device)
+        if not train:
+            model.eval()
+            with torch.no_grad(), self._precision(device), first_blocks(model, self.blocks_attr, run_blocks):
+                for _ in range(self.recycles + 1):
+                    with timer.stage("trunk"):
+                        s, z = self.forward(model, batch.s.clone(), batch.z.clone(), batch, train=False)
+                        del s, z
+            self._record(timer)
+            return None
+        model.train()
+        if self._optimizer is None:  # all blocks' parameters, created before any run_blocks slicing
+            self._optimizer = torch.optim.AdamW(model.parameters(), lr=self.lr)
+        self._optimizer.zero_grad(set_to_none=True)
+        s_in = batch.s.detach().requires_grad_(True)
+        z_in = batch.z.detach().requires_grad_(True)
+        with first_blocks(model, self.blocks_attr, run_blocks):
+            with timer.stage("forward"):
+                with self._precision(device):
+                    s, z = self.forward(model, s_in, z_in, batch, train=True)
+                loss = z.float().square().mean() + s.float().square().mean()
+                del s, z
+            with timer.stage("backward_optimizer"):
+                loss.backward()
+                self._optimizer.step()
+        del s_in, z_in  # their gradients (the embedder's share) go with them
+        self._record(timer)
+        return loss.detach()
+
+    def stats(self) -> dict[str, Any]:
+        """The last step's ``stage_ms`` (inference: trunk, summed over the passes; training:
+        forward, backward_optimizer), on CUDA ``stage_peak_gib``, the ``kernels`` that ran and
+        the ``package`` (distribution and installed version)."""
+        return dict(self._stats)
+
+    # ------------------------------------------------------------ helpers
+
+    def _precision(self, device: torch.device) -> contextlib.AbstractContextManager:
+        """bf16: the projects' mixed precision (autocast, fp32 weights); fp32: none."""
+        if self.dtype == "bf16":
+            return torch.autocast(device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _record(self, timer: StageTimer) -> None:
+        package = STOCK_PACKAGES[self.package]
+        self._stats = {"stage_ms": timer.ms(), "kernels": self.kernel,
+                       "package": f"{package.distribution} {installed_version(package) or '?'}"}
+        peaks = timer.peaks_gib()
+        if peaks:
+            self._stats["stage_peak_gib"] = peaks
