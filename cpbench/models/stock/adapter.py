@@ -70,6 +70,17 @@ def first_blocks(stack: nn.Module, attr: str, run_blocks: int | None) -> Iterato
         setattr(stack, attr, blocks)
 
 
+@contextlib.contextmanager
+def _matmul_precision(level: str) -> Iterator[None]:
+    """``torch.set_float32_matmul_precision(level)`` inside the block, restored afterwards."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(level)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
 class StockAdapter:
     """Base of the stock adapters; a subclass sets the class attributes and implements
     ``build_trunk``, ``resolve_kernels`` and ``forward``."""
@@ -160,7 +171,7 @@ class StockAdapter:
         timer = StageTimer(device)
         if not train:
             model.eval()
-            with torch.no_grad(), self._precision(device), first_blocks(model, self.blocks_attr, run_blocks):
+            with torch.no_grad(), self._precision(device, train=False), first_blocks(model, self.blocks_attr, run_blocks):
                 for _ in range(self.recycles + 1):
                     with timer.stage("trunk"):
                         s, z = self.forward(model, batch.s.clone(), batch.z.clone(), batch, train=False)
@@ -175,7 +186,7 @@ class StockAdapter:
         z_in = batch.z.detach().requires_grad_(True)
         with first_blocks(model, self.blocks_attr, run_blocks):
             with timer.stage("forward"):
-                with self._precision(device):
+                with self._precision(device, train=True):
                     s, z = self.forward(model, s_in, z_in, batch, train=True)
                 loss = z.float().square().mean() + s.float().square().mean()
                 del s, z
@@ -194,11 +205,19 @@ class StockAdapter:
 
     # ------------------------------------------------------------ helpers
 
-    def _precision(self, device: torch.device) -> contextlib.AbstractContextManager:
-        """bf16: the projects' mixed precision (autocast, fp32 weights); fp32: none."""
+    def _precision(self, device: torch.device, train: bool = False) -> contextlib.AbstractContextManager:
+        """bf16: the projects' mixed precision (autocast, fp32 weights); fp32: none; both with the
+        project's float32 matmul precision (``float32_matmul_precision``) for the step."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(_matmul_precision(self.float32_matmul_precision(train)))
         if self.dtype == "bf16":
-            return torch.autocast(device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+            stack.enter_context(torch.autocast(device.type, dtype=torch.bfloat16))
+        return stack
+
+    def float32_matmul_precision(self, train: bool) -> str:
+        """``torch.set_float32_matmul_precision`` while the project runs its trunk ("highest":
+        exact fp32 matmuls, torch's default; OpenFold3 predicts with TF32, "high")."""
+        return "highest"
 
     def _record(self, timer: StageTimer) -> None:
         package = STOCK_PACKAGES[self.package]
