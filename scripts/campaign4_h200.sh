@@ -34,7 +34,7 @@ TRAIN="model=boltz2 workflow=training routine=timing cp=1"
 case "$CALL" in
   e)
     point probe_trunk_cp1 300 model=boltz2 workflow.sampling=false workflow.recycles=0 routine=probe cp=1 \
-      probe.start=1024 probe.granularity=512 probe.strategy=predict probe.verify=true probe.timeout_s=200 \
+      probe.start=1024 probe.granularity=512 probe.strategy=predict probe.verify=true probe.timeout_s=200 probe.depth=1 \
       probe.budget_s=$(( $(left) - 130 ))
     grep -h "probe N=\|predicted\|verify\|depth check" "$OUT/probe_trunk_cp1.log" | cut -c1-400
     if [ "$(left)" -gt 60 ]; then

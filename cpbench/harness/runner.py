@@ -61,6 +61,7 @@ class PointRun:
     warmup: int = 0
     repeats: int = 1
     run_blocks: int | None = None
+    lean: bool = False                # run_step(..., lean=True): the adapter's irreducible peak
     profile_path: str | None = None   # "{rank}" is replaced by the rank
 
 
@@ -107,7 +108,7 @@ class Runner:
             if self.slots.num_supervisors > 1 else "127.0.0.1", "master_port": port,
             "mesh_shape": list(p.mesh_shape), "mesh_dim_names": list(p.mesh_dim_names),
             "model": p.model, "seed": p.seed, "train": p.train, "memory_limit_gib": p.memory_limit_gib,
-            "N": task.N, "n_atoms": task.n_atoms, "S": task.S, "run_blocks": task.run_blocks,
+            "N": task.N, "n_atoms": task.n_atoms, "S": task.S, "run_blocks": task.run_blocks, "lean": task.lean,
             "warmup": task.warmup, "repeats": task.repeats, "profile_path": task.profile_path,
             "timeout_s": task.timeout_s, "work_dir": str(work_dir),
             # Cores shared by the local ranks: oversubscribed intra-op threads distort CPU times.

@@ -89,6 +89,8 @@ def run_rank(spec: dict, rank: int, device_index: int, outcome: dict) -> None:
     torch.manual_seed(spec["seed"])
     batch = adapter.build_batch(spec["N"], spec["n_atoms"], spec["S"], mesh, device)
     step_kwargs = {"run_blocks": spec["run_blocks"]} if spec.get("run_blocks") is not None else {}
+    if spec.get("lean"):
+        step_kwargs["lean"] = True
 
     def step():
         return adapter.run_step(model, batch, spec["train"], **step_kwargs)

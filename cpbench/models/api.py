@@ -16,6 +16,9 @@ Optional extensions, used when present:
 
 * ``run_step(model, batch, train, run_blocks=k)``: run only ``k`` trunk blocks (all weights
   still allocated); lets the probe shorten inference steps (``probe.depth``).
+* ``run_step(model, batch, train, lean=True)``: run the step with the smallest transient
+  buffers the model allows, so that its peak is the model's irreducible memory at this N; the
+  probe's ``predict`` strategy fits these peaks to predict the max N (``probe.strategy``).
 * ``stats() -> dict``: measurements of the last step, e.g. ``{"stage_ms": {"trunk": ..},
   "comm_bytes_per_block": ..}``; copied into the result record. Optional keys the report reads:
   ``stage_ms`` (ms per stage), ``stage_peak_gib`` (peak allocated GiB per stage, e.g.
@@ -134,6 +137,14 @@ def supports_run_blocks(adapter: Adapter) -> bool:
     """Whether ``run_step`` takes ``run_blocks`` (lets the probe run a shortened trunk)."""
     try:
         return "run_blocks" in inspect.signature(adapter.run_step).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def supports_lean(adapter: Adapter) -> bool:
+    """Whether ``run_step`` takes ``lean`` (lets the probe fit irreducible peaks)."""
+    try:
+        return "lean" in inspect.signature(adapter.run_step).parameters
     except (TypeError, ValueError):
         return False
 

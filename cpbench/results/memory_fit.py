@@ -75,6 +75,8 @@ class MemoryFit:
                 f"({self.form}, {self.n_points} points, max residual {100 * self.max_rel_residual:.1f} %)")
 
 
+MIN_LEAN_POINTS = 3  # lean probe points (distinct N) that make the fit use only lean points
+
 _TERMS = {"a": ("N²", 2), "b": ("N", 1), "c": ("", 0)}
 
 
@@ -127,10 +129,15 @@ def fit_peak_memory(n_tokens: Sequence[float], peak_gib: Sequence[float], cp: in
 def fitting_points(probe_points: Iterable[dict]) -> tuple[list[int], list[float]]:
     """(N, per-rank peak GiB) of the probe points that fit, the peak being the max over ranks.
 
-    Uses reserved memory when every fitting point has it (what the allocator holds is what
-    runs out), else allocated.
+    Only the lean points (``"lean": true``, the adapter's irreducible memory) when at least
+    ``MIN_LEAN_POINTS`` distinct N of them fit: their peaks do not depend on free memory, the
+    others' chunk transients do. Uses reserved memory when every fitting point has it (what
+    the allocator holds is what runs out), else allocated.
     """
     fits = [p for p in probe_points if p.get("fits") and p.get("N") is not None]
+    lean = [p for p in fits if p.get("lean")]
+    if len({p["N"] for p in lean}) >= MIN_LEAN_POINTS:
+        fits = lean
     key = "peak_reserved_gib" if fits and all(max_over_ranks(p.get("peak_reserved_gib")) for p in fits) \
         else "peak_alloc_gib"
     pairs = [(int(p["N"]), max_over_ranks(p.get(key))) for p in fits]

@@ -11,7 +11,9 @@ Strategy (``probe.strategy``): ``bisect`` is the above. ``predict`` ramps only u
 N where it meets the per-rank memory (``routines.probe_predict``), measures the ends of a
 bracket around it (the lower end must fit, the upper end fail; an end that disagrees moves
 out by twice the last step) and bisects inside; without a usable prediction it goes on as
-``bisect``.
+``bisect``. When the adapter's ``run_step`` takes ``lean``, the ramp's points run lean (the
+adapter's irreducible memory: a peak that does not depend on how much memory is free, so the
+fit extrapolates); they are marked ``"lean": true`` and the report's memory model fits them.
 
 Verification (``probe.verify``): after the search, ``max_n`` and ``first_fail_n`` run once more;
 a point that fits once and fails once makes the probe's status ``unstable``.
@@ -37,7 +39,7 @@ from pathlib import Path
 from cpbench.config import Point
 from cpbench.harness.memory import MEASURE_CPU, MEASURE_CUDA
 from cpbench.harness.runner import PointRun, Runner
-from cpbench.models.api import load_adapter, supports_run_blocks
+from cpbench.models.api import load_adapter, supports_lean, supports_run_blocks
 from cpbench.results import max_over_ranks, read_json, write_json_atomic
 from cpbench.routines.probe_predict import PREDICT_POINTS, Prediction, bracket_ends, memory_capacity_gib, predict_max_n
 
@@ -60,9 +62,12 @@ class _TimedOut(Exception):
 class Probe:
     """One probe over a runner; ``run()`` returns the probe fields of the result record."""
 
-    def __init__(self, point: Point, runner: Runner, state_path: Path | None, signature: str):
+    def __init__(self, point: Point, runner: Runner, state_path: Path | None, signature: str,
+                 lean_fit: bool = False):
         self.point, self.runner, self.state_path, self.signature = point, runner, state_path, signature
         self.settings = point.probe
+        # the ramp's fitting points run lean (``run_step(..., lean=True)``) for the predict strategy
+        self.lean_fit = lean_fit and self.settings.strategy == "predict"
         state = self._load_state()
         self.points: dict[int, dict] = {p["N"]: p for p in state.get("points", [])}
         self.depth: int | None = state.get("depth", self.settings.depth)
@@ -104,15 +109,15 @@ class Probe:
         return sorted(self.points.values(), key=lambda p: p["order"])
 
     # ------------------------------------------------------------ measuring
-    def _run(self, n: int, run_blocks: int | None):
+    def _run(self, n: int, run_blocks: int | None, lean: bool = False):
         p = self.point
         return self.runner.run(PointRun(N=n, n_atoms=p.atoms_per_token * n, S=p.S,
-                                        timeout_s=self.settings.timeout_s, run_blocks=run_blocks))
+                                        timeout_s=self.settings.timeout_s, run_blocks=run_blocks, lean=lean))
 
-    def _check_depth(self, n: int):
+    def _check_depth(self, n: int, lean: bool = False):
         """First point: run full and shortened steps, keep the shortened depth if peaks agree."""
-        full = self._run(n, None)
-        short = self._run(n, self.depth)
+        full = self._run(n, None, lean)
+        short = self._run(n, self.depth, lean)
         full_peak, short_peak = max_over_ranks(full.per_rank("peak_alloc_gib")), max_over_ranks(short.per_rank("peak_alloc_gib"))
         floor = CPU_DEPTH_FLOOR_GIB if self.point.device == "cpu" else 0.0
         agree = (full.status == short.status == "ok" and full_peak is not None and short_peak is not None
@@ -133,25 +138,25 @@ class Probe:
         if budget_s is not None and self.runner.group.broadcast(time.monotonic() - self.started_s >= budget_s):
             raise _PointCap(f"probe.budget_s={budget_s:g}")
 
-    def fits(self, n: int) -> bool:
-        """Whether ``n`` fits (measured now, or replayed from the state); raises ``_TimedOut``
-        for a point that timed out and ``_PointCap`` when no new point may start."""
+    def fits(self, n: int, lean: bool = False) -> bool:
+        """Whether ``n`` fits (measured now, lean or not, or replayed from the state); raises
+        ``_TimedOut`` for a point that timed out and ``_PointCap`` when no new point may start."""
         if n not in self.points:
-            self._measure(n)
+            self._measure(n, lean)
         if self.points[n]["status"] == "timeout":
             raise _TimedOut(n)
         return self.points[n]["fits"]
 
-    def _measure(self, n: int) -> None:
+    def _measure(self, n: int, lean: bool = False) -> None:
         if len(self.points) >= self.settings.max_points:
             raise _PointCap(f"probe.max_points={self.settings.max_points}")
         self._check_budget()
         if self.depth is not None and not self.depth_checked:
-            result = self._check_depth(n)
+            result = self._check_depth(n, lean)
         else:
-            result = self._run(n, self.depth)
+            result = self._run(n, self.depth, lean)
         record = {
-            "N": n, "fits": result.status == "ok", "status": result.status, "message": result.message,
+            "N": n, "fits": result.status == "ok", "status": result.status, "message": result.message, "lean": lean,
             "peak_alloc_gib": result.per_rank("peak_alloc_gib"),
             "peak_reserved_gib": result.per_rank("peak_reserved_gib"),
             "seconds": round(result.seconds, 3), "order": len(self.points),
@@ -159,14 +164,15 @@ class Probe:
         self.points[n] = record
         self._save_state()
         peak = max_over_ranks(record["peak_alloc_gib"])
-        log.info("probe N=%d %s peak=%s GiB %.1f s%s", n, "fits" if record["fits"] else result.status,
-                 _fmt(peak), result.seconds, "" if record["fits"] else f" ({result.message[:200]})")
+        log.info("probe N=%d%s %s peak=%s GiB %.1f s%s", n, " (lean)" if lean else "",
+                 "fits" if record["fits"] else result.status, _fmt(peak), result.seconds,
+                 "" if record["fits"] else f" ({result.message[:200]})")
 
-    def _try(self, n: int) -> bool:
+    def _try(self, n: int, lean: bool = False) -> bool:
         """``fits(n)``, moving the search's bounds (``lo``, ``hi``) with the answer."""
         if n not in self.visited:
             self.visited.append(n)
-        if self.fits(n):
+        if self.fits(n, lean):
             self.lo = n if self.lo is None else max(self.lo, n)
             return True
         self.hi = n if self.hi is None else min(self.hi, n)
@@ -183,7 +189,7 @@ class Probe:
             if check_n is not None and (check_n in self.points or (self.depth is not None and not self.depth_checked)):
                 self._try(check_n)
             if s.strategy == "predict":
-                self._ramp(until_fitting=PREDICT_POINTS)
+                self._ramp(until_fitting=PREDICT_POINTS, lean=self.lean_fit)
                 self._predict_and_bracket()
             self._ramp()
             self._bisect()
@@ -194,18 +200,21 @@ class Probe:
             self.timed_out_n.append(timed_out.args[0])
         return self.lo, self.hi, False
 
-    def _ramp(self, until_fitting: int | None = None) -> None:
-        """Grow N from ``probe.start`` until a point fails (or ``until_fitting`` points fit)."""
+    def _ramp(self, until_fitting: int | None = None, lean: bool = False) -> None:
+        """Grow N from ``probe.start`` until a point fails (or ``until_fitting`` points fit,
+        measured ``lean`` when asked)."""
         s, unit = self.settings, self.point.padding_unit
         n = s.start
         while self.hi is None:
-            if until_fitting is not None and len(self._visited_fits()) >= until_fitting:
+            if until_fitting is not None and len(self._visited_fits(lean)) >= until_fitting:
                 return
-            if self._try(n):
+            if self._try(n, lean):
                 n = max(n + unit, -(-int(n * s.growth) // unit) * unit)
 
-    def _visited_fits(self) -> list[dict]:
-        return [self.points[n] for n in self.visited if self.points[n]["fits"]]
+    def _visited_fits(self, lean: bool = False) -> list[dict]:
+        """The visited points that fit (only the lean ones when ``lean``)."""
+        return [self.points[n] for n in self.visited
+                if self.points[n]["fits"] and (not lean or self.points[n].get("lean"))]
 
     def _bisect(self) -> None:
         s, unit = self.settings, self.point.padding_unit
@@ -226,11 +235,12 @@ class Probe:
         capacity = memory_capacity_gib(self.point, self.runner.group.broadcast)
         unit = self.point.padding_unit
         # only the points this search visited: a restart replays the same prediction
-        self.prediction = prediction = predict_max_n(self._visited_fits(), capacity, self.point.cp, unit)
+        fitted = self._visited_fits(self.lean_fit)
+        self.prediction = prediction = predict_max_n(fitted, capacity, self.point.cp, unit)
         if prediction.predicted_max_n is None:
             log.info("probe: no prediction (%s); bisecting", prediction.fallback)
             return
-        low, high = bracket_ends(prediction.predicted_max_n, self.settings.granularity, unit)
+        low, high = bracket_ends(prediction.predicted_max_n, self.settings.granularity, unit, prediction.fit)
         self.prediction = prediction = replace(prediction, bracket=(low, high))
         log.info("probe: predicted max N %d (%s at %.4g GiB from %s); bracket %d..%d", prediction.predicted_max_n,
                  prediction.fit.describe(), prediction.capacity_gib, prediction.capacity_source, low, high)
@@ -362,16 +372,12 @@ def _round_gib(gib: float) -> str:
     return f"{gib:.3g}"
 
 
-def adapter_takes_run_blocks(model_cfg: dict) -> bool:
-    """Whether the model's adapter accepts ``run_blocks`` (imports it; touches no GPU)."""
-    return supports_run_blocks(load_adapter(model_cfg))
-
-
 def run_probe(point: Point, runner: Runner, state_path: Path | None, signature: str) -> dict:
     """The probe fields of a result record (see cpbench/results.py)."""
-    if point.probe.depth is not None and not adapter_takes_run_blocks(point.model):
+    adapter = load_adapter(point.model)  # imports it; touches no GPU
+    if point.probe.depth is not None and not supports_run_blocks(adapter):
         point = replace(point, probe=replace(point.probe, depth=None))
-    return Probe(point, runner, state_path, signature).run()
+    return Probe(point, runner, state_path, signature, lean_fit=supports_lean(adapter)).run()
 
 
 def _fmt(gib: float | None) -> str:

@@ -16,7 +16,8 @@ from cpbench.config import Point
 from cpbench.results.memory_fit import MemoryFit, fit_peak_memory, fitting_points
 
 PREDICT_POINTS = 3          # fitting points (distinct N) the ramp measures before the prediction
-BRACKET_FRACTION = 0.05     # half-width of the first bracket, relative to the predicted N (a wrong end widens it)
+BRACKET_FRACTION = 0.05     # half-width of a loose first bracket, relative to the predicted N (a wrong end widens it)
+TIGHT_FIT_RESIDUAL = 0.02   # a fit this close to its points gets a bracket one granularity wide, below the prediction
 
 
 @dataclass(frozen=True)
@@ -84,9 +85,18 @@ def predict_max_n(points: list[dict], capacity: tuple[float | None, str | None],
     return Prediction(predicted, capacity_gib, source, fit, (ns[0], ns[-1]), fallback=fallback)
 
 
-def bracket_ends(predicted: int, granularity: int, unit: int) -> tuple[int, int]:
-    """(lower end, upper end) of the first bracket: ±``BRACKET_FRACTION`` of the prediction,
-    at least one granularity step each side, on multiples of ``unit`` (lower end >= unit)."""
+def bracket_ends(predicted: int, granularity: int, unit: int, fit: MemoryFit | None = None) -> tuple[int, int]:
+    """(lower end, upper end) of the first bracket, on multiples of ``unit`` (lower end >= unit).
+
+    A tight fit (every fitted point within ``TIGHT_FIT_RESIDUAL``) gives one granularity step
+    ending one unit above the prediction: the predicted N is where the fitted peak still fits,
+    and a peak fitted on lean points (the irreducible memory) errs high, so the max N is at or
+    a little below it; when both ends agree the search is done in two points. Otherwise
+    ±``BRACKET_FRACTION`` of the prediction, at least one granularity step each side.
+    """
+    if fit is not None and fit.max_rel_residual <= TIGHT_FIT_RESIDUAL:
+        high = -(-(predicted + unit) // unit) * unit
+        return max(unit, (high - granularity) // unit * unit), high
     half = max(granularity, int(predicted * BRACKET_FRACTION))
     low = max(unit, (predicted - half) // unit * unit)
     high = -(-(predicted + half) // unit) * unit

@@ -28,7 +28,7 @@ from cpbench.models.pairformer.modules.sampler import sample
 from cpbench.models.pairformer.modules.trunk import PairformerTrunk
 from cpbench.models.pairformer.ops import kernels as ops_kernels
 from cpbench.models.pairformer.ops import sdpa_lse
-from cpbench.models.pairformer.parallel import comm
+from cpbench.models.pairformer.parallel import chunking, comm
 from cpbench.models.pairformer.parallel.layout import Layout, layout_from_mesh
 from cpbench.models.pairformer.parallel.padding import token_multiple
 from cpbench.models.pairformer.stage_timer import StageTimer, now_s
@@ -123,7 +123,7 @@ class PairformerAdapter:
         return {k: v.to(device) for k, v in padded.items()}
 
     def run_step(self, model: nn.Module, batch: dict[str, torch.Tensor], train: bool,
-                 run_blocks: int | None = None) -> torch.Tensor | None:
+                 run_blocks: int | None = None, lean: bool = False) -> torch.Tensor | None:
         """Inference: recycles + 1 trunk passes without autograd, then with ``sampling`` the
         diffusion sampler (``sampling_steps`` steps x ``samples`` samples, ``sampler.sample``).
         Training: forward, backward, gradient all-reduce and an AdamW step; returns the global
@@ -133,7 +133,15 @@ class PairformerAdapter:
         and, when sampling, ``min(k, sampling_steps)`` sampler steps of k token blocks each: a
         step's peak does not depend on how many blocks, passes or steps ran before it (recycling
         updates z in place; the probe checks that the peak matches the full step's).
+
+        ``lean=True`` (the probe's fitting points) runs every op with the lean chunk budget
+        (``chunking.lean_budgets``): the step's peak is the trunk's irreducible memory.
         """
+        with chunking.lean_budgets(lean):
+            return self._step(model, batch, train, run_blocks)
+
+    def _step(self, model: nn.Module, batch: dict[str, torch.Tensor], train: bool,
+              run_blocks: int | None) -> torch.Tensor | None:
         layout: Layout = model.layout
         recycles = self.recycles if run_blocks is None else min(self.recycles, run_blocks)
         comm.BYTES.reset()

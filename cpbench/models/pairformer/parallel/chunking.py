@@ -17,6 +17,14 @@ recomputes one chunk at a time). The budget:
 
 Tests force tiny chunks with ``override_budget`` to exercise the chunked paths.
 
+Lean budgets (``lean_budgets``, the probe's fitting points through ``run_step(..., lean=True)``):
+on CUDA a thirty-second of the pair shard, whatever is free, so a step's peak is the model's
+irreducible memory (the pair tensors, weights, per-token features) plus a sliver: a quadratic
+in N from which the probe predicts where that memory meets the device's. At the max N the
+normal budget is itself such a sliver (40 % of what the pair tensors leave free: about 2 GiB
+against a 67 GiB pair at cp=1 on an H200), so the lean peak is also the limit's. The CPU
+budget is already a function of the pair shard alone: lean changes nothing there.
+
 Fail fast near the limit: a CUDA budget is a reading of free memory, so when it does not hold
 even ``MIN_ROWS_PER_CHUNK`` rows of an op, the device is out of memory at this N for practical
 purposes; rather than crawl through the op a row at a time (a probe point that runs for many
@@ -41,7 +49,9 @@ _CPU_FLOOR_BYTES = 128 << 10  # below this, per-chunk overhead dominates tiny CP
 # A free-memory budget that holds fewer rows than this (or than the op has) means out of memory:
 # one to three rows per chunk is where an op crawls (n_rows chunks, each too small to be fast).
 MIN_ROWS_PER_CHUNK = 4
+_LEAN_PAIR_FRACTION = 32  # lean budgets (CUDA): this fraction of the pair shard
 _override_bytes: int | None = None
+_lean = False
 
 
 class ChunkBudgetFloor(torch.OutOfMemoryError):
@@ -73,6 +83,18 @@ def override_budget(budget_bytes: int | None) -> Iterator[None]:
         _override_bytes = previous
 
 
+@contextlib.contextmanager
+def lean_budgets(on: bool = True) -> Iterator[None]:
+    """Inside the context (when ``on``) every CUDA budget is ``pair shard / 32`` (a plain int:
+    no floor), see the module docstring; ``override_budget`` still wins."""
+    global _lean
+    previous, _lean = _lean, bool(on) or _lean
+    try:
+        yield
+    finally:
+        _lean = previous
+
+
 def frozen_budget(budget_b: int) -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
     """``context_fn`` for ``torch.utils.checkpoint``: the forward and the recompute of a
     checkpointed op see the same budget, so they chunk (and save tensors) identically even
@@ -84,6 +106,8 @@ def budget_bytes(pair: torch.Tensor) -> int:
     """Bytes an op may spend on transient buffers, given the local pair shard ``pair``."""
     if _override_bytes is not None:
         return _override_bytes
+    if _lean and pair.is_cuda:
+        return max(pair.numel() * pair.element_size() // _LEAN_PAIR_FRACTION, _CPU_FLOOR_BYTES)
     pair_share_b = pair.numel() * pair.element_size() // _PAIR_FRACTION
     if pair.is_cuda:
         free_b, capacity_b = _cuda_free_bytes(pair.device)
@@ -124,7 +148,7 @@ def training_budget_bytes(pair: torch.Tensor) -> int:
     forward fails in the backward (docs/perf_notes.md, training max N). CPU: the default (a
     quarter of the pair shard). A plain int: it has a minimum of its own, so it never carries
     the ``rows_per_chunk`` floor."""
-    if _override_bytes is not None or not pair.is_cuda:
+    if _override_bytes is not None or _lean or not pair.is_cuda:
         return budget_bytes(pair)
     free_b, capacity_b = _cuda_free_bytes(pair.device)
     pair_b = pair.numel() * pair.element_size()
