@@ -1,13 +1,18 @@
 """What the report derives from its frames before it writes anything: the timing points to read
-(the latest of each), the best max-fit per cp, the walltime exponent, the memory points.
+(the latest of each), the best max-fit per cp, whether a max N is only a lower bound, the stock
+single-GPU baselines, the walltime exponent, the memory points.
 
 The readout and the plots both read these, so a figure in the text and in a plot is the same.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
+
+from cpbench.results import INCOMPLETE
 
 
 def walltime_exponent(n_tokens, walltime_ms) -> float | None:
@@ -49,6 +54,61 @@ def best_fit_per_cp(fits: pd.DataFrame) -> pd.DataFrame:
     """The max-fit row with the largest N of each cp, ordered by cp: one figure per cp when a
     cp was probed several times (a probe stopped early and its rerun, say)."""
     return fits.loc[fits.groupby("cp")["N_tokens"].idxmax()].sort_values("cp")
+
+
+def is_lower_bound(fits: pd.DataFrame) -> pd.Series:
+    """Max-fit rows whose N is only a lower bound of the max N: the probe was stopped early
+    (``incomplete``), its first failure was not an out-of-memory (none, a timeout, an error),
+    a point timed out, or its verification disagreed (``unstable``); ``lower_bound`` of
+    ``cpbench.report.rows`` where the rows carry it."""
+    cause = fits["first_fail_status"] if "first_fail_status" in fits else pd.Series(None, index=fits.index)
+    bound = fits["lower_bound"].notna() if "lower_bound" in fits else False
+    return (fits["status"].isin([INCOMPLETE, "unstable"])) | (cause.fillna("") != "oom") | bound
+
+
+
+def ratio_mark(lower_bound: bool, baseline_lower_bound: bool) -> str:
+    """The mark before a ratio of two max N: ``≥`` when only the figure is a lower bound, ``≤`` when
+    only its baseline is, ``~`` when both are."""
+    return {(True, False): "≥ ", (False, True): "≤ ", (True, True): "~ "}.get((lower_bound, baseline_lower_bound), "")
+
+
+@dataclass(frozen=True)
+class StockBaseline:
+    """A stock model's single-GPU max N for one workflow (``model=stock/*``, rows with ``stock`` set)."""
+
+    title: str          # "Boltz-2"
+    model: str          # its rows' model label, "stock-boltz2"
+    workflow: str
+    max_n: int
+    lower_bound: bool   # the stock probe's max N only bounds it from below
+
+    def phrase(self) -> str:
+        """``the stock Boltz-2 trunk on one GPU (5,120)``; ``≥ 5,120`` for a lower bound."""
+        return f"the stock {self.title} trunk on one GPU ({'≥ ' if self.lower_bound else ''}{self.max_n:,})"
+
+
+def stock_baselines(rows: pd.DataFrame) -> dict[str, list[StockBaseline]]:
+    """Per workflow label: each stock model's cp=1 max N (the largest of its probes), by model."""
+    if rows.empty or "stock" not in rows:
+        return {}
+    fits = rows[(rows["row"] == "max-fit") & rows["N_tokens"].notna() & rows["stock"].notna() & (rows["cp"] == 1)]
+    out: dict[str, list[StockBaseline]] = {}
+    for (model, workflow), grp in fits.groupby(["model", "workflow"], sort=True):
+        best = grp.loc[[grp["N_tokens"].astype(int).idxmax()]]
+        out.setdefault(str(workflow), []).append(StockBaseline(
+            str(best["stock"].iloc[0]), str(model), str(workflow), int(best["N_tokens"].iloc[0]),
+            bool(is_lower_bound(best).iloc[0])))
+    return out
+
+
+def stock_baseline_for(model: str, baselines: list[StockBaseline]) -> StockBaseline | None:
+    """The stock baseline a model's configurations are compared with: the stock trunk of the same
+    name (``boltz2`` -> ``stock-boltz2``) where the results hold it, else the first by name."""
+    if not baselines:
+        return None
+    named = [b for b in baselines if b.model.endswith(f"-{model}")]
+    return (named or baselines)[0]
 
 
 def memory_points(rows: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:

@@ -6,8 +6,10 @@ the report's "Headline" table and ``readme_block`` as the short list that
 ``python -m cpbench.report DIR --readme README.md`` puts between the README's markers
 (``replace_marked_block``).
 
-Baseline: ``report.baseline_max_n`` when given, else the largest cp=1 max N of the same model
-and workflow (any topology: cp=1 is the same computation in 1d and 2d).
+Baseline: ``report.baseline_max_n`` when given; else, where the results hold a stock model's
+probe of the same workflow (``model=stock/*``: ``analysis.stock_baselines``), that single-GPU max N
+for every configuration of the other models, cp=1 included; else the largest cp=1 max N of the
+same model and workflow (any topology: cp=1 is the same computation in 1d and 2d).
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cpbench.report.analysis import best_fit_per_cp
-from cpbench.report.readout import is_lower_bound
+from cpbench.report.analysis import best_fit_per_cp, is_lower_bound, ratio_mark, stock_baseline_for, stock_baselines
 
 README_START = "<!-- headline:start -->"
 README_END = "<!-- headline:end -->"
@@ -37,7 +38,7 @@ class HeadlineRow:
     lower_bound: str | None
     note: str                      # "OOM at 24,576", "timeout at 16,384", "stopped early", ...
     baseline_n: int | None = None
-    baseline_name: str | None = None   # "cp=1" | "baseline"
+    baseline_name: str | None = None   # "cp=1" | "baseline" | "the stock Boltz-2 trunk on one GPU (5,120)"
     baseline_lower: bool = False
 
     @property
@@ -51,9 +52,7 @@ class HeadlineRow:
         """``1.33× cp=1``; ``≥``/``≤``/``~`` when the figure or its baseline is a lower bound."""
         if self.ratio is None:
             return None
-        mark = {(True, False): "≥ ", (False, True): "≤ ", (True, True): "~ "}.get(
-            (bool(self.lower_bound), self.baseline_lower), "")
-        return f"{mark}{self.ratio:.2f}× {self.baseline_name}"
+        return f"{ratio_mark(bool(self.lower_bound), self.baseline_lower)}{self.ratio:.2f}× {self.baseline_name}"
 
 
 def headline_rows(rows: pd.DataFrame, baseline_max_n: int | None = None) -> list[HeadlineRow]:
@@ -62,9 +61,12 @@ def headline_rows(rows: pd.DataFrame, baseline_max_n: int | None = None) -> list
     if rows.empty:
         return []
     fits = rows[(rows["row"] == "max-fit") & rows["N_tokens"].notna()]
+    baselines = stock_baselines(rows)
     out = []
     for (model, workflow), same_wf in fits.groupby(["model", "workflow"], sort=True):
         cp1 = best_fit_per_cp(same_wf[same_wf["cp"] == 1])
+        is_stock = "stock" in same_wf and bool(same_wf["stock"].notna().any())
+        stock = None if is_stock else stock_baseline_for(str(model), baselines.get(str(workflow), []))
         for cp_config, grp in same_wf.groupby("CP config", sort=False):
             best = grp.loc[[grp["N_tokens"].astype(int).idxmax()]]
             row = best.iloc[0]
@@ -73,6 +75,9 @@ def headline_rows(rows: pd.DataFrame, baseline_max_n: int | None = None) -> list
             baseline: dict = {}
             if baseline_max_n:
                 baseline = {"baseline_n": int(baseline_max_n), "baseline_name": "baseline"}
+            elif stock is not None:
+                baseline = {"baseline_n": stock.max_n, "baseline_name": stock.phrase(),
+                            "baseline_lower": stock.lower_bound}
             elif not cp1.empty and int(row["cp"]) != 1:
                 baseline = {"baseline_n": int(cp1["N_tokens"].iloc[0]), "baseline_name": "cp=1",
                             "baseline_lower": bool(is_lower_bound(cp1).iloc[0])}
@@ -122,14 +127,23 @@ def headline_section(headline: list[HeadlineRow]) -> str:
     text += ["Max N per model, workflow and CP config (the largest measured where a configuration was "
              "probed more than once). `≥`: a lower bound (the probe stopped early, no N ran out of memory, "
              "a point timed out, or a re-run disagreed: unstable). The ratio compares against "
-             + ("the user-supplied baseline (`report.baseline_max_n`)." if any(h.baseline_name == "baseline"
-                                                                           for h in headline)
-                else "the cp=1 probe of the same model and workflow (any topology)."), "",
+             + _baseline_text(headline), "",
              "| model | workflow | CP config | max N | vs baseline | note |", "|---|---|---|---|---|---|"]
     for h in headline:
         text.append(f"| {h.model} | {h.workflow} | {h.cp_config} | {h.max_n_text()} | {h.ratio_text() or '—'} | "
                     f"{h.note or '—'} |")
     return "\n".join(text)
+
+
+def _baseline_text(headline: list[HeadlineRow]) -> str:
+    """What the Headline's ratios compare against (``headline_rows``' order of precedence)."""
+    names = {h.baseline_name for h in headline if h.baseline_name}
+    if "baseline" in names:
+        return "the user-supplied baseline (`report.baseline_max_n`)."
+    if any(name.startswith("the stock ") for name in names):
+        return ("a stock model's single-GPU max N of the same workflow (`model=stock/*`, named in each cell); "
+                "configurations without one, against the cp=1 probe of the same model and workflow.")
+    return "the cp=1 probe of the same model and workflow (any topology)."
 
 
 def readme_block(headline: list[HeadlineRow], context: str) -> str:

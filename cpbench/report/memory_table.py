@@ -1,11 +1,14 @@
-"""The memory model's tables for the report: one fit per probe result, predictions vs measured."""
+"""The memory model's tables for the report: one fit per probe result, predictions vs measured.
+
+A stock model's probe (``model=stock/*``) is fitted like any other and predicts its max N at the
+GPU sizes of ``GPU_MEMORY_SIZES_GIB``, at cp=1 only (a single-GPU baseline)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from cpbench.report.memory_model import GPU_MEMORY_SIZES_GIB, MemoryFit, fit_peak_memory, fitting_points
-from cpbench.report.rows import cp_config_label, model_label, workflow_label
+from cpbench.report.rows import cp_config_label, model_label, stock_title, workflow_label
 
 TARGET_CPS = (1, 2, 4, 8)
 
@@ -37,13 +40,14 @@ def probe_fits(records: list[dict]) -> list[dict]:
         if not ns:
             continue
         point = rec.get("point") or {}
+        stock = stock_title(point.get("model"))
         out.append({
             "group": (model_label(rec), workflow_label(point), point.get("topology"),
                       point.get("dtype"), point.get("S")),
             # the N range tells apart two probes of the same configuration (a rerun, a longer limit)
-            "label": f"{workflow_label(point)} {cp_config_label(point)}, N {ns[0]:,}"
-                     + (f"–{ns[-1]:,}" if ns[-1] != ns[0] else ""),
-            "cp": int(point.get("cp") or 1),
+            "label": (f"stock {stock} trunk: " if stock else "") + f"{workflow_label(point)} {cp_config_label(point)}, "
+                     f"N {ns[0]:,}" + (f"–{ns[-1]:,}" if ns[-1] != ns[0] else ""),
+            "cp": int(point.get("cp") or 1), "single_gpu": stock is not None,
             "fit": fit_peak_memory(ns, peaks, cp=int(point.get("cp") or 1)),
             "cap_gib": capacity_gib(rec), "max_n": rec.get("max_n"), "first_fail_n": rec.get("first_fail_n"),
         })
@@ -61,8 +65,10 @@ def memory_tables(records: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows = []
     for src in probes:
         same_group = [p for p in probes if p["group"] == src["group"]]
-        # only the N² (pair) term carries a fit to another cp: without it, its own cp alone
-        cps = {p["cp"] for p in same_group} | set(TARGET_CPS) if src["fit"].a > 0 else {src["cp"]}
+        # only the N² (pair) term carries a fit to another cp: without it, its own cp alone; a
+        # stock model is a single-GPU baseline (cp=1 only): its predictions are its GPU sizes alone
+        scalable = src["fit"].a > 0 and not src["single_gpu"]
+        cps = {p["cp"] for p in same_group} | set(TARGET_CPS) if scalable else {src["cp"]}
         for cp in sorted(cps):
             row = {"fit from": src["label"], "cp": cp}
             for size in GPU_MEMORY_SIZES_GIB:

@@ -1,7 +1,8 @@
 """The report's one-paragraph readout, written from the data only.
 
 Says, where the results hold it: max N at each cp against cp=1 (and against a user-supplied
-single-GPU baseline), how walltime scales with N and with cp, whether compute or communication
+single-GPU baseline, else against a stock model's single-GPU max N of the same workflow:
+``model=stock/*``), how walltime scales with N and with cp, whether compute or communication
 dominates (only where communication was measured), the best MFU, which CP sizes were measured
 and which not (too few GPUs here, or every row failed), and how many jobs failed.
 """
@@ -12,8 +13,17 @@ import math
 
 import pandas as pd
 
-from cpbench.report.analysis import best_fit_per_cp, latest_ok_timing, repeated_timing_points, walltime_exponent
-from cpbench.results import INCOMPLETE
+from cpbench.report.analysis import (
+    StockBaseline,
+    best_fit_per_cp,
+    is_lower_bound,
+    latest_ok_timing,
+    ratio_mark,
+    repeated_timing_points,
+    stock_baseline_for,
+    stock_baselines,
+    walltime_exponent,
+)
 
 
 def _n(value) -> str:
@@ -34,8 +44,12 @@ def max_n_sentences(rows: pd.DataFrame, baseline_max_n: int | None) -> list[str]
         return ["No probe found a max N in these results."]
     with_model = fits["model"].nunique() > 1
     out, any_lower, any_unstable = [], False, False
+    baselines = stock_baselines(rows)
     for (model, workflow), same_wf in fits.groupby(["model", "workflow"], sort=True):
         cp1_any = best_fit_per_cp(same_wf[same_wf["cp"] == 1])
+        # the stock single-GPU baseline of this workflow, unless the user gave one or this is one
+        is_stock = "stock" in same_wf and bool(same_wf["stock"].notna().any())
+        stock = None if baseline_max_n or is_stock else stock_baseline_for(str(model), baselines.get(str(workflow), []))
         for topology, grp in same_wf.groupby("topology", sort=True):
             best = best_fit_per_cp(grp)
             by_cp = dict(zip(best["cp"].astype(int), best["N_tokens"].astype(int)))
@@ -61,6 +75,8 @@ def max_n_sentences(rows: pd.DataFrame, baseline_max_n: int | None) -> list[str]
                 ratios = ", ".join(f"{by_cp[cp] / baseline_max_n:.2f}× at cp={cp}" for cp in by_cp)
                 sentence += f"; against the user-supplied single-GPU baseline of {_n(baseline_max_n)}: {ratios}"
             out.append(sentence + ".")
+            if stock is not None:
+                out.append(stock_sentence(best, stock))
     if any_lower:
         out.append("≥ marks a lower bound: that probe was stopped early, or no N ran out of memory "
                    "(nothing failed, or the first failure was a timeout or an error).")
@@ -70,14 +86,14 @@ def max_n_sentences(rows: pd.DataFrame, baseline_max_n: int | None) -> list[str]
     return out
 
 
-def is_lower_bound(fits: pd.DataFrame) -> pd.Series:
-    """Max-fit rows whose N is only a lower bound of the max N: the probe was stopped early
-    (``incomplete``), its first failure was not an out-of-memory (none, a timeout, an error),
-    a point timed out, or its verification disagreed (``unstable``); ``lower_bound`` of
-    ``cpbench.report.rows`` where the rows carry it."""
-    cause = fits["first_fail_status"] if "first_fail_status" in fits else pd.Series(None, index=fits.index)
-    bound = fits["lower_bound"].notna() if "lower_bound" in fits else False
-    return (fits["status"].isin([INCOMPLETE, "unstable"])) | (cause.fillna("") != "oom") | bound
+def stock_sentence(best: pd.DataFrame, stock: StockBaseline) -> str:
+    """``1d cp=2 fits 16,384 tokens, 3.20× the stock Boltz-2 trunk on one GPU (5,120); ...``: each
+    CP config's max N (``best``: one max-fit row per cp) against a stock model's single-GPU max N."""
+    lower = is_lower_bound(best)
+    parts = [f"{row['CP config']} fits {'≥ ' if low else ''}{_n(row['N_tokens'])} tokens, "
+             f"{ratio_mark(bool(low), stock.lower_bound)}{int(row['N_tokens']) / stock.max_n:.2f}× {stock.phrase()}"
+             for (_, row), low in zip(best.iterrows(), lower)]
+    return "; ".join(parts) + "."
 
 
 def walltime_sentences(rows: pd.DataFrame) -> list[str]:

@@ -15,6 +15,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from cpbench.models.pairformer import flops
+from cpbench.models.stock import stock_model_of
 from cpbench.report import mfu
 from cpbench.results import INCOMPLETE, max_over_ranks
 
@@ -35,6 +36,13 @@ def model_label(rec: dict) -> str | None:
     changed = [o.lstrip("+") for o in rec.get("overrides") or []
                if o.lstrip("+").split("=")[0] in SIZE_KEYS]
     return f"{name} [{' '.join(changed)}]" if name and changed else name
+
+
+def stock_title(model: dict | None) -> str | None:
+    """``Boltz-2`` for a stock single-GPU model (``model=stock/boltz2``), None for any other: the
+    report compares the other models' max N with the stock ones' (``analysis.stock_baselines``)."""
+    package = stock_model_of(model)
+    return package.title if package else None
 
 
 def workflow_label(point: dict[str, Any]) -> str | None:
@@ -108,7 +116,7 @@ def _row(path: Path, rec: dict, root: Path, peak_tflops_cfg: float | None) -> di
         "workflow": workflow_label(point), "status": rec.get("status"), "routine": rec.get("routine"),
         "topology": point.get("topology"), "cp": point.get("cp"),
         "mesh": "x".join(map(str, point.get("mesh_shape") or [])) or None,
-        "model": model_label(rec), "dtype": point.get("dtype"), "device": point.get("device"),
+        "model": model_label(rec), "stock": stock_title(model), "dtype": point.get("dtype"), "device": point.get("device"),
         "MSA_seq": point.get("S"), "CP config": cp_config_label(point),
         "message": _first_line(rec.get("message")), "date": env.get("date"),
         "result": str(path.relative_to(root)) if path.is_relative_to(root) else str(path),
