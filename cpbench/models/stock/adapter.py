@@ -10,10 +10,10 @@ it the same way for every project:
   and the pair mask ``pair_mask: [1, N, N]`` (fp32, all ones: every token is real). They are
   drawn on the device (the pair tensor is O(N²); a CPU copy would double the host's peak).
 * **Inference**: ``recycles + 1`` passes of the trunk without autograd, each from a fresh copy
-  of the inputs (the projects start every recycle from ``z_init`` plus a projection, so ``z_init``
-  and the working ``z`` live together; the in-place projects would otherwise grow the inputs
-  step after step), in the project's precision: ``dtype=bf16`` is its bf16 autocast with fp32
-  weights (the projects' ``bf16-mixed``), ``dtype=fp32`` is no autocast.
+  of the inputs: the projects start every recycle from ``z = z_init + proj(z)``, so ``z_init``
+  (here the batch's ``z``) and the trunk's working ``z`` live together during a pass. In the
+  project's precision: ``dtype=bf16`` is its bf16 autocast with fp32 weights (the projects'
+  ``bf16-mixed``), ``dtype=fp32`` is no autocast.
 * **Training**: forward in the same precision with the project's training settings (dropout,
   per-block activation checkpointing from ``workflow.checkpointing``), loss ``mean(z²) + mean(s²)``
   in fp32, backward into the trunk and the inputs (standing in for the embedder the gradient
