@@ -3,8 +3,9 @@
 #   run on the GPU machine from a tree that has .whl/ (../shared/gpu/README.md):
 #   OUT=<dir> bash scripts/campaign4_h200.sh CALL
 # CALL e: #18's cp=1 trunk-only max-N probe as a user runs it (boltz2 preset, recycles 0, kernels
-#         auto), from N=1024 to granularity 512, predict + verify, inside this one call; then, while
-#         time lasts, where one block's time goes (scripts/block_profile.py, flex and torch, N=2048).
+#         auto), from N=1024 to granularity 512, predict + verify, inside this one call; then, with
+#         PROFILE=1 and while time lasts, where one block's time goes (scripts/block_profile.py,
+#         flex and torch, N=2048).
 # CALL f: #17 side by side: the 64-block trunk pass at N=2048 and N=512, flex then torch; then the
 #         max-N check at N=16,000 with kernels=torch (one probe point after a cheap depth check).
 # CALL g: #17 side by side: one training step (64 blocks, checkpointing, AdamW) at N=1536, cp=1,
@@ -35,9 +36,9 @@ case "$CALL" in
   e)
     point probe_trunk_cp1 300 model=boltz2 workflow.sampling=false workflow.recycles=0 routine=probe cp=1 \
       probe.start=1024 probe.granularity=512 probe.strategy=predict probe.verify=true probe.timeout_s=200 probe.depth=1 \
-      probe.budget_s=$(( $(left) - 130 ))
+      probe.budget_s=$(( $(left) - 110 ))
     grep -h "probe N=\|predicted\|verify\|depth check" "$OUT/probe_trunk_cp1.log" | cut -c1-400
-    if [ "$(left)" -gt 60 ]; then
+    if [ "${PROFILE:-0}" = 1 ] && [ "$(left)" -gt 60 ]; then
       t0=$(date +%s)
       timeout $(( $(left) - 5 )) python3 scripts/block_profile.py --n 2048 --kernels flex torch \
         --out "$OUT/block_profile_2048.json" > "$OUT/block_profile_2048.log" 2>&1

@@ -95,14 +95,15 @@ def test_a_cuda_budget_near_the_limit_is_a_share_of_free_memory_and_keeps_its_fl
     assert chunking.training_budget_bytes(_CudaPair(10 * GIB)) == int(0.4 * 20 * GIB)
 
 
-def test_lean_budgets_are_a_32nd_of_a_cuda_pair_shard_and_change_nothing_on_a_cpu(monkeypatch):
+def test_lean_budgets_are_a_32nd_of_a_cuda_pair_shard_or_a_100th_of_the_device_and_nothing_new_on_a_cpu(monkeypatch):
     monkeypatch.setattr(chunking, "_cuda_free_bytes", lambda device: (100 * GIB, 140 * GIB))
     cpu_pair = torch.zeros(64, 64, 32)
     normal = chunking.budget_bytes(cpu_pair)
     with chunking.lean_budgets():
-        assert chunking.budget_bytes(_CudaPair(32 * GIB)) == GIB
-        assert chunking.training_budget_bytes(_CudaPair(32 * GIB)) == GIB
-        assert not isinstance(chunking.budget_bytes(_CudaPair(32 * GIB)), FreeMemoryBudget)
+        assert chunking.budget_bytes(_CudaPair(64 * GIB)) == 2 * GIB
+        assert chunking.training_budget_bytes(_CudaPair(64 * GIB)) == 2 * GIB
+        assert not isinstance(chunking.budget_bytes(_CudaPair(64 * GIB)), FreeMemoryBudget)
+        assert chunking.budget_bytes(_CudaPair(GIB)) == int(1.4 * GIB)
         assert chunking.budget_bytes(cpu_pair) == normal
         with chunking.override_budget(7):
             assert chunking.budget_bytes(_CudaPair(32 * GIB)) == 7

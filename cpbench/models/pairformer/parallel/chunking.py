@@ -18,9 +18,11 @@ recomputes one chunk at a time). The budget:
 Tests force tiny chunks with ``override_budget`` to exercise the chunked paths.
 
 Lean budgets (``lean_budgets``, the probe's fitting points through ``run_step(..., lean=True)``):
-on CUDA a thirty-second of the pair shard, whatever is free, so a step's peak is the model's
-irreducible memory (the pair tensors, weights, per-token features) plus a sliver: a quadratic
-in N from which the probe predicts where that memory meets the device's. At the max N the
+on CUDA a thirty-second of the pair shard or a hundredth of the device, whichever is larger,
+whatever is free, so a step's peak is the model's irreducible memory (the pair tensors,
+weights, per-token features) plus a sliver: a quadratic in N from which the probe predicts
+where that memory meets the device's. (Without the hundredth, a full-depth step at N=1,024 ran
+ops in chunks of a few rows and did not finish in 200 s on one H200.) At the max N the
 normal budget is itself such a sliver (40 % of what the pair tensors leave free: about 2 GiB
 against a 67 GiB pair at cp=1 on an H200), so the lean peak is also the limit's. The CPU
 budget is already a function of the pair shard alone: lean changes nothing there.
@@ -49,7 +51,8 @@ _CPU_FLOOR_BYTES = 128 << 10  # below this, per-chunk overhead dominates tiny CP
 # A free-memory budget that holds fewer rows than this (or than the op has) means out of memory:
 # one to three rows per chunk is where an op crawls (n_rows chunks, each too small to be fast).
 MIN_ROWS_PER_CHUNK = 4
-_LEAN_PAIR_FRACTION = 32  # lean budgets (CUDA): this fraction of the pair shard
+_LEAN_PAIR_FRACTION = 32       # lean budgets (CUDA): this fraction of the pair shard ...
+_LEAN_DEVICE_FRACTION = 0.01   # ... or of the device memory, whichever is larger
 _override_bytes: int | None = None
 _lean = False
 
@@ -85,8 +88,8 @@ def override_budget(budget_bytes: int | None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def lean_budgets(on: bool = True) -> Iterator[None]:
-    """Inside the context (when ``on``) every CUDA budget is ``pair shard / 32`` (a plain int:
-    no floor), see the module docstring; ``override_budget`` still wins."""
+    """Inside the context (when ``on``) every CUDA budget is ``max(pair shard / 32, device /
+    100)`` (a plain int: no floor), see the module docstring; ``override_budget`` still wins."""
     global _lean
     previous, _lean = _lean, bool(on) or _lean
     try:
@@ -107,7 +110,8 @@ def budget_bytes(pair: torch.Tensor) -> int:
     if _override_bytes is not None:
         return _override_bytes
     if _lean and pair.is_cuda:
-        return max(pair.numel() * pair.element_size() // _LEAN_PAIR_FRACTION, _CPU_FLOOR_BYTES)
+        capacity_b = _cuda_free_bytes(pair.device)[1]
+        return max(pair.numel() * pair.element_size() // _LEAN_PAIR_FRACTION, int(capacity_b * _LEAN_DEVICE_FRACTION))
     pair_share_b = pair.numel() * pair.element_size() // _PAIR_FRACTION
     if pair.is_cuda:
         free_b, capacity_b = _cuda_free_bytes(pair.device)
