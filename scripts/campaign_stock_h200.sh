@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The stock Boltz-2 baseline on one H200 (#20), in one device call of about 300 s:
+#   OUT=<dir> bash scripts/campaign_stock_h200.sh
+#   1. the 64-block pass of the stock Boltz-2 trunk at N=1,024 (routine=timing, one pass:
+#      workflow.recycles=0, bf16-mixed as boltz predict, kernels torch), then
+#   2. its inference max-N probe (cp=1, predict strategy from 512, depth 2 checked against all 64
+#      blocks at the first point, bisected to 256 tokens, bounded by an out-of-memory, the max N and
+#      the first failing N re-run: probe.verify) with what is left of the call,
+#   3. the report over both (python -m cpbench.report), everything under $OUT and in $OUT/all.tgz.
+#
+# Wheels: the machine has no index (../shared/gpu/README.md). Besides the wheels gpu_env.sh installs
+# from .whl/*.whl (hydra-core, omegaconf, antlr4, submitit, hydra-submitit-launcher from
+# ../shared/gpu/wheels), .whl/stock/ must hold exactly what boltz's trunk imports and the image lacks
+# (it has torch, numpy and einops):
+#   .whl/stock/boltz-2.2.1-py3-none-any.whl                                             268 KB, pure Python
+#   .whl/stock/scipy-1.16.3-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl  35.7 MB, binary
+# scipy is the one binary wheel (boltz.model.layers.initialize imports scipy.stats.truncnorm for
+# its weight init; there is no pure-Python scipy), built for the machine's CPython 3.12 on x86_64.
+# Fetch both here with:  bash scripts/install_stock.sh --gpu-wheels   (into .whl/stock/)
+# and carry .whl (about 36 MiB of the 64 MiB a call carries; the tracked tree is about 7 MiB).
+# cuEquivariance (Boltz's use_kernels) is not run: its CUDA 12 wheels fail to load there (no
+# libnvrtc.so.12) and the CUDA 13 pair (71 MB) does not fit one call's tree (../shared/gpu/README.md).
+#
+# CPU rehearsal of the whole script (tiny trunk, same phases, no wheels): DRY=1 OUT=/tmp/x bash scripts/campaign_stock_h200.sh
+set -u
+OUT=${OUT:?set OUT}
+BUDGET_S=${BUDGET_S:-300}
+START=$(date +%s)
+mkdir -p "$OUT"
+left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
+
+if [ "${DRY:-0}" = 1 ]; then  # CPU rehearsal: the tiny sizes, N scaled down, no GPU or wheels
+  HERE="device=cpu dtype=fp32 model.c_s=32 model.c_z=16 model.blocks=3 model.heads_single=4 memory.limit_gib=0.25"
+  N_TIMING=32; PROBE_START=32; GRANULARITY=64; PYTHON=${PYTHON:-.venv/bin/python}
+else
+  HERE="device=cuda"
+  N_TIMING=1024; PROBE_START=512; GRANULARITY=256; PYTHON=python3
+  source scripts/gpu_env.sh > "$OUT/env.txt" 2>&1 || { cat "$OUT/env.txt"; exit 1; }
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/stock/*.whl >> "$OUT/env.txt" 2>&1 || { cat "$OUT/env.txt"; exit 1; }
+  cat "$OUT/env.txt"
+  nvidia-smi > "$OUT/nvidia-smi_before.txt" 2>&1
+fi
+cat commit.txt > "$OUT/commit.txt" 2>/dev/null || git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true
+# One line per trunk module: boltz and its imports came in (a failure here names what is missing).
+$PYTHON -m cpbench.models.stock boltz2 > "$OUT/stock_import.txt" 2>&1; rc=$?
+$PYTHON -c "import scipy, numpy; print('scipy', scipy.__version__, 'numpy', numpy.__version__)" >> "$OUT/stock_import.txt" 2>&1
+cat "$OUT/stock_import.txt"; [ $rc = 0 ] || exit 1
+
+point() {  # point NAME NEEDED_S OVERRIDES...: one cpbench job into $OUT/NAME when NEEDED_S remain
+  local name=$1 need=$2; shift 2
+  if [ "$(left)" -lt "$need" ]; then echo "skip $name: $(left) s left, needs $need"; return; fi
+  local t0=$(date +%s)
+  $PYTHON -m cpbench "$@" hydra.run.dir="$OUT/$name" > "$OUT/$name.log" 2>&1
+  echo "phase $name rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/$name.log" | cut -c1-400)"
+}
+STOCK="model=stock/boltz2 model.kernels=torch cp=1 workflow=inference workflow.recycles=0 $HERE"
+
+point stock_boltz2_pass$N_TIMING 60 $STOCK routine=timing N=$N_TIMING timing.timeout_s=120
+# The probe gets the rest of the call but 25 s (the report and the archive); a point's worker
+# builds the 64 blocks with Boltz's own init (scipy truncnorm) before its step: ~5-15 s per point.
+point stock_boltz2_probe 90 $STOCK routine=probe probe.start=$PROBE_START probe.granularity=$GRANULARITY \
+  probe.strategy=predict probe.verify=true probe.timeout_s=90 probe.budget_s=$(( $(left) - 25 - 90 ))
+grep -h "probe N=\|depth check\|predict\|verify\|bracket" "$OUT/stock_boltz2_probe.log" | cut -c1-300
+
+t0=$(date +%s)
+$PYTHON -m cpbench.report "$OUT" > "$OUT/report.log" 2>&1
+echo "phase report rc=$? $(( $(date +%s) - t0 )) s"
+sed -n '/^## Headline/,/^## Results/p;/^## Memory model/,/^## FLOPs/p' "$OUT/cp_benchmark.md" 2>/dev/null | head -40
+[ "${DRY:-0}" = 1 ] || nvidia-smi > "$OUT/nvidia-smi_after.txt" 2>&1
+# Only a few files of a call come back from the GPU machine: everything also goes into one archive.
+tar czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")" && mv "$OUT.tgz" "$OUT/all.tgz"
+echo "done in $(( $(date +%s) - START )) s"
