@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The stock Boltz-2 baseline on one H200 (#20), in one device call of about 300 s:
 #   OUT=<dir> bash scripts/campaign_stock_h200.sh
-#   1. the 64-block pass of the stock Boltz-2 trunk at N=1,024 (routine=timing, one pass:
-#      workflow.recycles=0, bf16-mixed as boltz predict, kernels torch), then
-#   2. its inference max-N probe (cp=1, predict strategy from 512, depth 2 checked against all 64
-#      blocks at the first point, bisected to 256 tokens, bounded by an out-of-memory, the max N and
-#      the first failing N re-run: probe.verify) with what is left of the call,
+#   1. the inference max-N probe of the stock Boltz-2 trunk (cp=1, one trunk pass per step:
+#      workflow.recycles=0, bf16-mixed as boltz predict, kernels torch; predict strategy from 512,
+#      depth 2 checked against all 64 blocks at the first point, bisected to 256 tokens, bounded by
+#      an out-of-memory, the max N and the first failing N re-run: probe.verify), then
+#   2. the 64-block pass at N=1,024 (routine=timing, same settings),
 #   3. the report over both (python -m cpbench.report), everything under $OUT and in $OUT/all.tgz.
 #
 # Wheels: the machine has no index (../shared/gpu/README.md). Besides the wheels gpu_env.sh installs
@@ -56,12 +56,13 @@ point() {  # point NAME NEEDED_S OVERRIDES...: one cpbench job into $OUT/NAME wh
 }
 STOCK="model=stock/boltz2 model.kernels=torch cp=1 workflow=inference workflow.recycles=0 $HERE"
 
-point stock_boltz2_pass$N_TIMING 60 $STOCK routine=timing N=$N_TIMING timing.timeout_s=120
-# The probe gets the rest of the call but 25 s (the report and the archive); a point's worker
-# builds the 64 blocks with Boltz's own init (scipy truncnorm) before its step: ~5-15 s per point.
-point stock_boltz2_probe 90 $STOCK routine=probe probe.start=$PROBE_START probe.granularity=$GRANULARITY \
-  probe.strategy=predict probe.verify=true probe.timeout_s=90 probe.budget_s=$(( $(left) - 25 - 90 ))
+# The probe first (the figure the report compares against). No new probe point starts later than
+# 105 s before the end: a point takes ~10-20 s (the worker builds the 64 blocks with Boltz's own
+# init, scipy truncnorm, before its step), then the timing (~45 s), the report and the archive (~25 s).
+point stock_boltz2_probe 120 $STOCK routine=probe probe.start=$PROBE_START probe.granularity=$GRANULARITY \
+  probe.strategy=predict probe.verify=true probe.timeout_s=60 probe.budget_s=$(( $(left) - 105 ))
 grep -h "probe N=\|depth check\|predict\|verify\|bracket" "$OUT/stock_boltz2_probe.log" | cut -c1-300
+point stock_boltz2_pass$N_TIMING 45 $STOCK routine=timing N=$N_TIMING timing.timeout_s=90
 
 t0=$(date +%s)
 $PYTHON -m cpbench.report "$OUT" > "$OUT/report.log" 2>&1
