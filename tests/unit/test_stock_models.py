@@ -171,3 +171,16 @@ def test_protenix_imports_without_building_its_cuda_layer_norm():
     otherwise; the adapter's import must leave it alone (this machine has no nvcc)."""
     module = importlib.import_module(STOCK_PACKAGES["protenix"].trunk_module)
     assert "protenix.model.layer_norm.layer_norm" not in sys.modules, module
+
+
+@pytest.mark.parametrize("model", [pytest.param(m, marks=needs(m)) for m in MODELS])
+def test_bf16_inputs_are_what_an_embedder_gives_under_autocast_and_both_steps_run(model):
+    """Under bf16-mixed the projects' embedders are nn.Linear under autocast: s and z reach the
+    trunk in bf16 (fp32 inputs would count z_init at twice its size); the masks stay fp32."""
+    adapter = tiny_adapter(model, dtype="bf16")
+    trunk = adapter.build_model(None, torch.device("cpu"))
+    batch = adapter.build_batch(16, 128, 1, None, torch.device("cpu"))
+    assert (batch.s.dtype, batch.z.dtype, batch.mask.dtype) == (torch.bfloat16, torch.bfloat16, torch.float32)
+    assert all(p.dtype == torch.float32 for p in trunk.parameters())  # mixed precision keeps fp32 weights
+    assert adapter.run_step(trunk, batch, train=False) is None
+    assert math.isfinite(float(adapter.run_step(trunk, batch, train=True)))

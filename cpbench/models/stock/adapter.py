@@ -5,10 +5,11 @@ installed package with random weights and says how that project calls it; this b
 it the same way for every project:
 
 * **Inputs** (``build_batch``): what the trunk module consumes and nothing else -- the single
-  and pair representations ``s: [1, N, c_s]`` and ``z: [1, N, N, c_z]`` (fp32, as the
-  projects' embedders hand them over under mixed precision), the token mask ``mask: [1, N]``
-  and the pair mask ``pair_mask: [1, N, N]`` (fp32, all ones: every token is real). They are
-  drawn on the device (the pair tensor is O(N²); a CPU copy would double the host's peak).
+  and pair representations ``s: [1, N, c_s]`` and ``z: [1, N, N, c_z]`` in the dtype the
+  projects' embedders hand them over in (their ``nn.Linear`` outputs: bf16 under ``dtype=bf16``'s
+  autocast, fp32 under ``dtype=fp32``), the token mask ``mask: [1, N]`` and the pair mask
+  ``pair_mask: [1, N, N]`` (fp32, as the projects compute them; all ones: every token is real).
+  They are drawn on the device (the pair tensor is O(N²); a CPU copy would double the host's peak).
 * **Inference**: ``recycles + 1`` passes of the trunk without autograd, each from a fresh copy
   of the inputs: the projects start every recycle from ``z = z_init + proj(z)``, so ``z_init``
   (here the batch's ``z``) and the trunk's working ``z`` live together during a pass. In the
@@ -45,8 +46,8 @@ DTYPES = ("bf16", "fp32")
 class StockBatch:
     """The stock trunk's inputs at N tokens (see the module docstring for the shapes)."""
 
-    s: torch.Tensor          # [1, N, c_s] fp32
-    z: torch.Tensor          # [1, N, N, c_z] fp32
+    s: torch.Tensor          # [1, N, c_s] bf16 (dtype=bf16) or fp32
+    z: torch.Tensor          # [1, N, N, c_z] bf16 (dtype=bf16) or fp32
     mask: torch.Tensor       # [1, N] fp32, ones
     pair_mask: torch.Tensor  # [1, N, N] fp32, ones
 
@@ -154,9 +155,10 @@ class StockAdapter:
         device = torch.device(device)
         generator = torch.Generator(device).manual_seed(int(torch.randint(0, 2**62, (1,))))
         c_s, c_z = self.sizes["c_s"], self.sizes["c_z"]
+        dtype = torch.bfloat16 if self.dtype == "bf16" else torch.float32  # what the embedder's Linear gives
         return StockBatch(
-            s=torch.randn(1, N, c_s, generator=generator, device=device),
-            z=torch.randn(1, N, N, c_z, generator=generator, device=device),
+            s=torch.randn(1, N, c_s, generator=generator, device=device, dtype=dtype),
+            z=torch.randn(1, N, N, c_z, generator=generator, device=device, dtype=dtype),
             mask=torch.ones(1, N, device=device),
             pair_mask=torch.ones(1, N, N, device=device),
         )
