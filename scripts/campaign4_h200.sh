@@ -45,6 +45,13 @@ case "$CALL" in
       echo "phase block_profile rc=$? $(( $(date +%s) - t0 )) s"; grep '^{' "$OUT/block_profile_2048.log"
     fi
     ;;
+  h)  # call e3's prediction (17,005) as a one-granularity bracket, measured directly at depth 1:
+      # 16,512 must fit and 17,024 (the ramp's next point, growth 1.031) fail; no verification
+    point probe_trunk_cp1_bracket 200 model=boltz2 workflow.sampling=false workflow.recycles=0 routine=probe cp=1 \
+      probe.strategy=bisect probe.start=16512 probe.growth=1.031 probe.granularity=512 probe.depth=1 \
+      probe.depth_check_n=512 probe.verify=false probe.timeout_s=250 probe.max_points=4
+    grep -h "probe N=\|depth check" "$OUT/probe_trunk_cp1_bracket.log" | cut -c1-400
+    ;;
   f)
     point trunk2048_flex 150 $TRUNK N=2048 model.kernels=flex timing.timeout_s=200
     point trunk2048_torch 130 $TRUNK N=2048 model.kernels=torch timing.timeout_s=150
