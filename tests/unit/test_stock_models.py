@@ -136,6 +136,9 @@ def test_every_inference_pass_works_on_a_copy_beside_the_inputs(model):
     adapter.run_step(trunk, batch, train=False)
     assert len(seen) == 2 and batch.z.data_ptr() not in seen  # recycles=1: two passes, each on a copy
     assert torch.equal(batch.z, z0)
+    seen.clear()
+    adapter.run_step(trunk, batch, train=False, run_blocks=1)
+    assert len(seen) == 1  # the probe's depth k also bounds the passes (time, not memory)
 
 
 @pytest.mark.parametrize("model", [pytest.param(m, marks=needs(m)) for m in MODELS])

@@ -20,7 +20,7 @@ it the same way for every project:
   in fp32, backward into the trunk and the inputs (standing in for the embedder the gradient
   would flow on into), an AdamW step; returns the loss.
 * **run_blocks** (the probe's shortened depth): the first k blocks of the stack's ``ModuleList``
-  run, every block's weights stay allocated (``first_blocks``).
+  run, every block's weights stay allocated (``first_blocks``); inference runs at most k passes.
 * **cp=1 only**: ``max_cp = 1`` makes ``cp=auto`` mean 1 and ``check_config`` refuses cp > 1
   before any job starts: these are single-GPU baselines.
 """
@@ -174,7 +174,10 @@ class StockAdapter:
         if not train:
             model.eval()
             with torch.no_grad(), self._precision(device, train=False), first_blocks(model, self.blocks_attr, run_blocks):
-                for _ in range(self.recycles + 1):
+                # the probe's depth k also bounds the passes (as for the reference): each pass starts
+                # from the inputs again, so more passes cost time, not memory
+                passes = self.recycles + 1 if run_blocks is None else min(self.recycles + 1, run_blocks)
+                for _ in range(passes):
                     with timer.stage("trunk"):
                         s, z = self.forward(model, batch.s.clone(), batch.z.clone(), batch, train=False)
                         del s, z
