@@ -21,6 +21,9 @@ import pandas as pd
 
 from cpbench.report.analysis import best_fit_per_cp, is_lower_bound, ratio_mark, stock_baseline_for, stock_baselines
 
+# An out-of-memory more than this many tokens above the max N leaves the limit anywhere in between:
+# the headline writes such a figure as a lower bound ("≥", "coarse"), the exactness #18 asks of a headline.
+COARSE_GAP_TOKENS = 512
 README_START = "<!-- headline:start -->"
 README_END = "<!-- headline:end -->"
 
@@ -71,7 +74,7 @@ def headline_rows(rows: pd.DataFrame, baseline_max_n: int | None = None) -> list
             best = grp.loc[[grp["N_tokens"].astype(int).idxmax()]]
             row = best.iloc[0]
             lower = bool(is_lower_bound(best).iloc[0])
-            reason = _reason(row) if lower else None
+            reason = _reason(row) if lower else _coarse(row)
             baseline: dict = {}
             if baseline_max_n:
                 baseline = {"baseline_n": int(baseline_max_n), "baseline_name": "baseline"}
@@ -84,6 +87,13 @@ def headline_rows(rows: pd.DataFrame, baseline_max_n: int | None = None) -> list
             out.append(HeadlineRow(str(model), str(workflow), str(cp_config), int(row["cp"]), int(row["N_tokens"]),
                                    reason, _note(row, reason), **baseline))
     return sorted(out, key=lambda h: (h.model, h.workflow, h.cp, h.cp_config))
+
+
+def _coarse(row) -> str | None:
+    """``"coarse"`` when the out-of-memory above an oom-bounded max N is more than
+    ``COARSE_GAP_TOKENS`` tokens away (the max N is then only known to lie in between)."""
+    fail_n = _int_or_none(row.get("first_fail_n"))
+    return "coarse" if fail_n is not None and fail_n - int(row["N_tokens"]) > COARSE_GAP_TOKENS else None
 
 
 def _reason(row) -> str:
@@ -101,6 +111,8 @@ def _note(row, reason: str | None) -> str:
     timeout_n, fail_n = _int_or_none(row.get("timeout_n")), _int_or_none(row.get("first_fail_n"))
     if reason is None:
         return f"OOM at {fail_n:,}" if fail_n else ""
+    if reason == "coarse":
+        return f"OOM at {fail_n:,}: a coarse bracket ({fail_n - int(row['N_tokens']):,} tokens)"
     if reason == "timeout":
         timeout_n = timeout_n or fail_n
         return f"timeout at {timeout_n:,}" if timeout_n else "a point timed out"
@@ -126,7 +138,8 @@ def headline_section(headline: list[HeadlineRow]) -> str:
         return "\n".join(text + ["No probe found a max N in these results."])
     text += ["Max N per model, workflow and CP config (the largest measured where a configuration was "
              "probed more than once). `≥`: a lower bound (the probe stopped early, no N ran out of memory, "
-             "a point timed out, or a re-run disagreed: unstable). The ratio compares against "
+             f"a point timed out, a re-run disagreed: unstable, or the out-of-memory lies more than "
+             f"{COARSE_GAP_TOKENS} tokens above: a coarse bracket). The ratio compares against "
              + _baseline_text(headline), "",
              "| model | workflow | CP config | max N | vs baseline | note |", "|---|---|---|---|---|---|"]
     for h in headline:

@@ -84,6 +84,18 @@ def test_an_unstable_probe_is_a_row_with_its_status_and_not_a_clean_max_n(tmp_pa
     assert "training 1d cp=2 N=3584: unstable: N=3584 fit on its first run" in section(text, "Results")
 
 
+def test_an_oom_far_above_the_max_n_is_a_coarse_lower_bound(tmp_path):
+    """A figure bisected only to 8,192 tokens (the old GPU probes) is not exact: ``≥``, with its bracket."""
+    records = RECORDS | {"trunk_cp1": probe_record("inference", 1, 16384, 24576, "oom")}
+    for name, record in records.items():
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / "result.json").write_text(json.dumps(record))
+    headline = section(build_report(tmp_path)["markdown"].read_text(), "Headline")
+    assert "| m | inference | 1d cp=1 | ≥ 16,384 | — | OOM at 24,576: a coarse bracket (8,192 tokens) |" in headline
+    # 128 tokens (sampling, cp=2) is exact
+    assert "| m | inference+sampling | 1d cp=2 | 16,384 | 1.60× cp=1 | OOM at 16,512 |" in headline, headline
+
+
 def test_headline_rows_are_data_and_take_a_user_baseline(tmp_path):
     root = write_results(tmp_path / "results")
     rows = result_rows([(root / n / "result.json", r) for n, r in RECORDS.items()], root)

@@ -41,7 +41,7 @@ def probe(model: dict, workflow: str, cp: int, max_n: int, fail_n: int | None, c
 RECORDS = {
     "stock_inference": probe(STOCK_BOLTZ2, "inference", 1, 5120, 5248),
     "ref_inference_cp1": probe(REFERENCE, "inference", 1, 12288, 12416),
-    "ref_inference_cp2": probe(REFERENCE, "inference", 2, 16384, 24576),
+    "ref_inference_cp2": probe(REFERENCE, "inference", 2, 16384, 16512),
     # no stock training probe: training compares against its own cp=1
     "ref_training_cp1": probe(REFERENCE, "training", 1, 2560, 2688),
     "ref_training_cp2": probe(REFERENCE, "training", 2, 3584, 3712),
