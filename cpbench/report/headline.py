@@ -83,7 +83,7 @@ def headline_rows(rows: pd.DataFrame, baseline_max_n: int | None = None) -> list
                             "baseline_lower": stock.lower_bound}
             elif not cp1.empty and int(row["cp"]) != 1:
                 baseline = {"baseline_n": int(cp1["N_tokens"].iloc[0]), "baseline_name": "cp=1",
-                            "baseline_lower": bool(is_lower_bound(cp1).iloc[0])}
+                            "baseline_lower": bool(is_lower_bound(cp1).iloc[0]) or _coarse(cp1.iloc[0]) is not None}
             out.append(HeadlineRow(str(model), str(workflow), str(cp_config), int(row["cp"]), int(row["N_tokens"]),
                                    reason, _note(row, reason), **baseline))
     return sorted(out, key=lambda h: (h.model, h.workflow, h.cp, h.cp_config))

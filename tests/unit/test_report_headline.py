@@ -92,6 +92,7 @@ def test_an_oom_far_above_the_max_n_is_a_coarse_lower_bound(tmp_path):
         (tmp_path / name / "result.json").write_text(json.dumps(record))
     headline = section(build_report(tmp_path)["markdown"].read_text(), "Headline")
     assert "| m | inference | 1d cp=1 | ≥ 16,384 | — | OOM at 24,576: a coarse bracket (8,192 tokens) |" in headline
+    assert "| m | inference | 1d cp=2 | ≥ 8,192 | ~ 0.50× cp=1 |" in headline  # both ends lower bounds
     # 128 tokens (sampling, cp=2) is exact
     assert "| m | inference+sampling | 1d cp=2 | 16,384 | 1.60× cp=1 | OOM at 16,512 |" in headline, headline
 
