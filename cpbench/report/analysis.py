@@ -56,14 +56,28 @@ def best_fit_per_cp(fits: pd.DataFrame) -> pd.DataFrame:
     return fits.loc[fits.groupby("cp")["N_tokens"].idxmax()].sort_values("cp")
 
 
+# An out-of-memory more than this many tokens above a max N leaves the limit anywhere in between:
+# such a figure is a lower bound too ("coarse"), the exactness the GPU probes are held to (#18).
+COARSE_GAP_TOKENS = 512
+
+
 def is_lower_bound(fits: pd.DataFrame) -> pd.Series:
     """Max-fit rows whose N is only a lower bound of the max N: the probe was stopped early
     (``incomplete``), its first failure was not an out-of-memory (none, a timeout, an error),
-    a point timed out, or its verification disagreed (``unstable``); ``lower_bound`` of
-    ``cpbench.report.rows`` where the rows carry it."""
+    a point timed out, its verification disagreed (``unstable``; ``lower_bound`` of
+    ``cpbench.report.rows`` where the rows carry it), or its out-of-memory lies more than
+    ``COARSE_GAP_TOKENS`` above it (``coarse_gap``)."""
     cause = fits["first_fail_status"] if "first_fail_status" in fits else pd.Series(None, index=fits.index)
     bound = fits["lower_bound"].notna() if "lower_bound" in fits else False
-    return (fits["status"].isin([INCOMPLETE, "unstable"])) | (cause.fillna("") != "oom") | bound
+    return (fits["status"].isin([INCOMPLETE, "unstable"])) | (cause.fillna("") != "oom") | bound | coarse_gap(fits)
+
+
+def coarse_gap(fits: pd.DataFrame) -> pd.Series:
+    """Max-fit rows whose first failing N is more than ``COARSE_GAP_TOKENS`` above their N."""
+    if "first_fail_n" not in fits:
+        return pd.Series(False, index=fits.index)
+    gap = pd.to_numeric(fits["first_fail_n"], errors="coerce") - pd.to_numeric(fits["N_tokens"], errors="coerce")
+    return gap.fillna(0) > COARSE_GAP_TOKENS
 
 
 

@@ -19,11 +19,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from cpbench.report.analysis import best_fit_per_cp, is_lower_bound, ratio_mark, stock_baseline_for, stock_baselines
+from cpbench.report.analysis import (
+    COARSE_GAP_TOKENS,
+    best_fit_per_cp,
+    coarse_gap,
+    is_lower_bound,
+    ratio_mark,
+    stock_baseline_for,
+    stock_baselines,
+)
 
-# An out-of-memory more than this many tokens above the max N leaves the limit anywhere in between:
-# the headline writes such a figure as a lower bound ("≥", "coarse"), the exactness #18 asks of a headline.
-COARSE_GAP_TOKENS = 512
 README_START = "<!-- headline:start -->"
 README_END = "<!-- headline:end -->"
 
@@ -74,7 +79,7 @@ def headline_rows(rows: pd.DataFrame, baseline_max_n: int | None = None) -> list
             best = grp.loc[[grp["N_tokens"].astype(int).idxmax()]]
             row = best.iloc[0]
             lower = bool(is_lower_bound(best).iloc[0])
-            reason = _reason(row) if lower else _coarse(row)
+            reason = _reason(row, bool(coarse_gap(best).iloc[0])) if lower else None
             baseline: dict = {}
             if baseline_max_n:
                 baseline = {"baseline_n": int(baseline_max_n), "baseline_name": "baseline"}
@@ -83,26 +88,21 @@ def headline_rows(rows: pd.DataFrame, baseline_max_n: int | None = None) -> list
                             "baseline_lower": stock.lower_bound}
             elif not cp1.empty and int(row["cp"]) != 1:
                 baseline = {"baseline_n": int(cp1["N_tokens"].iloc[0]), "baseline_name": "cp=1",
-                            "baseline_lower": bool(is_lower_bound(cp1).iloc[0]) or _coarse(cp1.iloc[0]) is not None}
+                            "baseline_lower": bool(is_lower_bound(cp1).iloc[0])}
             out.append(HeadlineRow(str(model), str(workflow), str(cp_config), int(row["cp"]), int(row["N_tokens"]),
                                    reason, _note(row, reason), **baseline))
     return sorted(out, key=lambda h: (h.model, h.workflow, h.cp, h.cp_config))
 
 
-def _coarse(row) -> str | None:
-    """``"coarse"`` when the out-of-memory above an oom-bounded max N is more than
-    ``COARSE_GAP_TOKENS`` tokens away (the max N is then only known to lie in between)."""
-    fail_n = _int_or_none(row.get("first_fail_n"))
-    return "coarse" if fail_n is not None and fail_n - int(row["N_tokens"]) > COARSE_GAP_TOKENS else None
-
-
-def _reason(row) -> str:
+def _reason(row, coarse: bool) -> str:
     reason = row.get("lower_bound")
     if isinstance(reason, str) and reason:
         return reason
     if row["status"] == "incomplete":
         return "stopped early"
     cause = row.get("first_fail_status")
+    if cause == "oom" and coarse:
+        return "coarse"
     return "no failure" if not isinstance(cause, str) else ("timeout" if cause == "timeout" else f"first failure {cause}")
 
 

@@ -14,6 +14,7 @@ import math
 import pandas as pd
 
 from cpbench.report.analysis import (
+    COARSE_GAP_TOKENS,
     StockBaseline,
     best_fit_per_cp,
     is_lower_bound,
@@ -57,16 +58,17 @@ def max_n_sentences(rows: pd.DataFrame, baseline_max_n: int | None) -> list[str]
             unstable = set(best.loc[best["status"] == "unstable", "cp"].astype(int))
             any_lower = any_lower or bool(lower)
             any_unstable = any_unstable or bool(unstable)
-            base_n, base_note = by_cp.get(1), ""
+            base_n, base_note, base_lower = by_cp.get(1), "", 1 in lower
             if base_n is None and not cp1_any.empty:  # cp=1 from another topology's probe
                 base_n = int(cp1_any["N_tokens"].iloc[0])
-                bound = "≥ " if bool(is_lower_bound(cp1_any).iloc[0]) else ""
-                base_note = f" = {bound}{_n(base_n)} from the {cp1_any['topology'].iloc[0]} probe"
+                base_lower = bool(is_lower_bound(cp1_any).iloc[0])
+                base_note = f" = {'≥ ' if base_lower else ''}{_n(base_n)} from the {cp1_any['topology'].iloc[0]} probe"
             parts = []
             for cp, max_n in by_cp.items():
                 text = f"{'≥ ' if cp in lower else ''}{_n(max_n)}{' (unstable)' if cp in unstable else ''} at cp={cp}"
                 if cp != 1 and base_n:
-                    text += f" ({max_n / base_n:.2f}× cp=1{base_note}; ideal √{cp} = {math.sqrt(cp):.2f}×)"
+                    mark = ratio_mark(cp in lower, base_lower)
+                    text += f" ({mark}{max_n / base_n:.2f}× cp=1{base_note}; ideal √{cp} = {math.sqrt(cp):.2f}×)"
                 parts.append(text)
             sentence = f"{_group_label(model, workflow, topology, with_model).capitalize()}: max N {', '.join(parts)}"
             if base_n is None:
@@ -78,8 +80,10 @@ def max_n_sentences(rows: pd.DataFrame, baseline_max_n: int | None) -> list[str]
             if stock is not None:
                 out.append(stock_sentence(best, stock))
     if any_lower:
-        out.append("≥ marks a lower bound: that probe was stopped early, or no N ran out of memory "
-                   "(nothing failed, or the first failure was a timeout or an error).")
+        out.append("≥ marks a lower bound: that probe was stopped early, no N ran out of memory "
+                   "(nothing failed, or the first failure was a timeout or an error), or the out-of-memory "
+                   f"lies more than {COARSE_GAP_TOKENS} tokens above it (a coarse bracket); a ratio is marked "
+                   "≥, ≤ or ~ when its figure, its baseline or both are lower bounds.")
     if any_unstable:
         out.append("Unstable: a re-run of that max N, or of the N that failed above it, disagreed with its "
                    "first run (fit once and failed once), so it is not a reproducible limit.")

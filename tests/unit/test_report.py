@@ -204,7 +204,7 @@ def test_readout_takes_the_largest_fit_of_several_probes_of_one_cp():
          "status": "ok", "first_fail_status": "oom"},
     ])
     sentence, legend = max_n_sentences(rows, None)
-    assert "max N ≥ 1,920 at cp=1, 2,560 at cp=2 (1.33× cp=1" in sentence, sentence
+    assert "max N ≥ 1,920 at cp=1, 2,560 at cp=2 (≤ 1.33× cp=1" in sentence, sentence
     assert "lower bound" in legend
 
 
