@@ -17,7 +17,10 @@ from cpbench.results.memory_fit import MemoryFit, fit_peak_memory, fitting_point
 
 PREDICT_POINTS = 3          # fitting points (distinct N) the ramp measures before the prediction
 BRACKET_FRACTION = 0.05     # half-width of a loose first bracket, relative to the predicted N (a wrong end widens it)
-TIGHT_FIT_RESIDUAL = 0.02   # a fit this close to its points gets a bracket one granularity wide, below the prediction
+# A fit this close to its points gets a bracket one granularity wide, below the prediction. On one
+# H200 the lean fit of N=1,024-4,096 had a 2.4 % residual and predicted the peak at N=16,512
+# within 0.7 % (132.5 against 133.4 GiB reserved).
+TIGHT_FIT_RESIDUAL = 0.05
 
 
 @dataclass(frozen=True)

@@ -219,3 +219,13 @@ def test_predict_fits_lean_points_and_brackets_the_max_n_in_two_points():
     # without lean points the same probe fits the free-memory-driven peaks and misses the max N
     blind = Probe(probe_point(strategy="predict", **settings), LeanRuleRunner(), None, "sig").run()
     assert blind["points"][0]["lean"] is False and abs(blind["predicted_max_n"] - exact) > 128
+
+
+def test_the_depth_check_runs_normal_steps_before_the_lean_fitting_point():
+    runner = LeanRuleRunner()
+    point = probe_point(strategy="predict", start=512, granularity=128)
+    point = replace(point, probe=replace(point.probe, depth=2))
+    out = Probe(point, runner, None, "sig", lean_fit=True).run()
+    assert out["depth_verified"] is True and out["depth"] == 2
+    assert runner.calls[:3] == [512, 512, 512] and runner.lean_calls[:3] == [512, 1024, 2048]
+    assert out["points"][0]["lean"] is True and out["status"] == "ok"
