@@ -1,23 +1,30 @@
 """The result record: schema, atomic JSON writing, the point signature for resume.
 
-One ``result.json`` per job (one sweep point), in the job's Hydra output directory::
+One ``result.json`` per job (one sweep point), in the job's Hydra output directory; with
+``routine=auto`` and ``N`` on the command line also one per configuration, its max-N probe's,
+in ``<sweep dir>/probes/<signature>/`` (a single run: ``<run dir>/probes/<signature>/``)::
 
     {
       "schema": 1,
-      "signature": "3f2a...",              # hash of the point's config + code version (resume)
+      "signature": "3f2a...",              # hash of the point's config + code version (resume);
+                                           # routine=auto's probe: without N and N_atoms
       "point": {"workflow": "inference", "topology": "1d", "cp": 2, "mesh_shape": [2],
                 "N": 1024, "N_atoms": 8192, "S": 256, "dtype": "bf16", "device": "cuda",
                 "input": null,              # real inputs: the input file's name
                 "model": {"name": "boltz2", "c_s": 384, ...},
-                "memory_limit_gib": null},  # memory.limit_gib in effect (CPU: 0.125 by default)
-      "routine": "probe" | "timing",
+                "memory_limit_gib": null,   # memory.limit_gib in effect (auto: a CPU probe 0.125
+                                            # GiB inference, 0.3 training; timings and GPUs none)
+                "cuda_alloc_conf": "expandable_segments:True"},  # the workers' PYTORCH_CUDA_ALLOC_CONF
+      "routine": "probe" | "timing",       # as resolved: routine=auto is "timing" when the job's
+                                           # overrides name N, else "probe"
       "status": "ok" | "oom" | "timeout" | "error" | "insufficient_gpus" | "unstable",
       "message": "",
-      "code": "0.1.0@<commit>",              # code version that entered the signature
+      "code": "0.1.0+src.1a2b3c4d5e6f",      # package version + hash of cpbench's sources (signature)
       # probe
       "max_n": 12288, "first_fail_n": 12416, "first_fail_status": "oom",
       "first_fail_message": "...", "depth": 2, "depth_verified": true,
       "points": [{"N": 512, "fits": true, "status": "ok", "message": "",
+                  "lean": false,             # true: run as run_step(..., lean=True) (below)
                   "peak_alloc_gib": [..per rank..], "peak_reserved_gib": [..], "seconds": 3.1}],
       "strategy": "bisect" | "predict",      # probe.strategy as resolved
       "predicted_max_n": 12416,              # predict: where the fitted peak meets the memory; else null
@@ -27,22 +34,37 @@ One ``result.json`` per job (one sweep point), in the job's Hydra output directo
                      "bracket": [11136, 13696],   # the first bracket measured around the prediction
                      "error_at_max_n": 0.0104,    # (predicted_max_n - max_n) / max_n
                      "fallback": null},           # why it bisected instead (then no fit / bracket)
-      "verify": {"max_n": {"N": 12288, "fits": true, "status": "ok", ...},      # probe.verify: the
-                 "above": {"N": 12416, "fits": false, "status": "oom", ...}},  # re-runs; else null
+                                                  # prediction is null unless strategy is predict
+      "verify": {"max_n": {"N": 12288, "fits": true, "status": "ok", "message": "",   # probe.verify:
+                           "peak_alloc_gib": [..], "peak_reserved_gib": [..], "seconds": 40.2},
+                 "above": {"N": 12416, "fits": false, "status": "oom", ...},  # the re-runs; else null
+                 "skipped": "stopped at probe.budget_s=3000"},  # only when the budget left one unrun
       "timed_out_n": [],                     # N that timed out: never first_fail_n; the search stops
       "lower_bound": null,                   # why max_n only bounds the max N from below: "timeout",
                                              # "capped", "no failure", "unstable", "first failure error"
+      "advice": "to find a max N pass memory.limit_gib=0.25 (now 0.125 GiB/rank) or probe.start=16 (now 32) or cp=4",
+                                             # only when no N fit: see below
+      "auto": {"by": "/.../multirun/2026-11-30/12-00-00/3"},  # routine=auto: the job that ran it
       # timing
       "times_ms": [..], "median_ms": .., "iqr_ms": .., "min_ms": .., "max_ms": ..,
       "times_ms_per_rank": [[..], ..], "warmup_ms": [..],     # raw; times_ms = slowest rank
+      "seconds": 14.2,                       # the timing run's wall time (workers started and joined)
       "tokens_per_s": .., "stats": {"stage_ms": {..}, ...},   # the adapter's optional stats
       "loss": 1.23,                          # training: the global loss of the last step
+      "energy_j_per_step_per_rank": [..],    # NVML's energy counter per step, where the GPU has one
+      "partial": {"warmup_ms": [..], "times_ms": [..], "stats": {..}},  # not ok: the steps rank 0 finished
       "profile_traces": ["trace_rank0.json", ..],             # with profile=true
+      "probe": {"signature": "9c1e...", "path": "<sweep dir>/probes/9c1e.../result.json",
+                "ran_here": true, "state": "done" | "run by another job",
+                "status": "ok", "max_n": 12288},  # routine=auto: its configuration's probe (below)
       # both routines (probe: at max_n)
       "peak_alloc_gib": .., "peak_reserved_gib": ..,          # max over ranks
       "peak_alloc_gib_per_rank": [..], "peak_reserved_gib_per_rank": [..],
       "memory_measure": "cuda_allocator" | "cpu_peak_rss_above_baseline",
       "notes": ["..."],                      # optional: what the harness chose for the user
+      # rows the SLURM controller writes for a job that ended without one (cpbench.sweep.collect)
+      "slurm": {"job_id": "123_4", "state": "TIMEOUT", "reason": .., "exit_code": .., "node_list": ..,
+                "stdout": "...", "stderr": "..."},
       "seconds_total": 81.2, "overrides": ["cp=2", ...],      # job wall time, command-line overrides
       "env": {...},                          # env_metadata()
       "config": {...}                        # the resolved Hydra config
@@ -55,6 +77,39 @@ null when no shortening was tried. In a probe record, ``point.N`` is the config'
 (unused by the probe): the probed sizes are ``points[].N``. A probe whose verification saw a
 point fit once and fail once (or fail once and fit once) has status ``unstable`` and its
 message names that N and both outcomes; its ``max_n`` is not a reproducible limit.
+
+``points[].lean`` is true for the points the ``predict`` strategy runs as
+``run_step(..., lean=True)`` (its first ramp points, when the adapter's ``run_step`` takes
+``lean``: the adapter's irreducible memory, which the fit extrapolates); every other point is
+false. ``verify`` is null when ``probe.verify`` is off or no N fit; an entry is null when there
+is no such N or it did not run; ``skipped`` is there only when ``probe.budget_s`` stopped a
+re-run from starting (the message says so too). ``advice`` is there only when no N fit
+(``max_n`` null), unless every failure was a timeout (status ``timeout``): what to pass to find
+a max N (twice the ``memory.limit_gib`` when a cap is set, ``probe.start`` at half the smallest
+N tried rounded down to the padding unit when that is at least one unit, twice the ``cp``),
+also written into ``message``; null unless the smallest N tried ran out of memory.
+
+``routine=auto``: a job whose overrides name ``N`` times its point, and its configuration (the
+point without ``N`` and ``N_atoms``) gets one max-N probe: the first job to create
+``<sweep dir>/probes/<signature>.lock`` runs it and writes
+``<sweep dir>/probes/<signature>/result.json`` (an ordinary probe record plus ``auto``: its
+``point.N`` and ``config`` are that job's, ``overrides`` that job's without ``N`` and
+``N_atoms``, ``seconds_total`` the probe's own).
+The timing record's ``probe`` names it: ``signature`` and ``path``; ``ran_here`` (this job ran
+it); ``state`` ``"done"`` (it is on disk) or ``"run by another job"`` (another job holds the
+lock: that job writes it, this one did not wait); ``status`` and ``max_n`` only when
+``ran_here``; the timing job's ``seconds_total`` then includes the probe.
+
+An ``insufficient_gpus`` row is a point on ``cuda`` that needs more GPUs than are visible,
+under the local launcher in a multirun (a single run stops with the same line, exit code 2;
+under SLURM each job gets the GPUs its cp needs): no routine fields, no probe, and a
+``message`` that names the GPUs it needs and the command that runs it
+(``cp=4 needs 4 GPUs, 2 visible here; run it with: python -m cpbench -m hydra/launcher=slurm
+<its overrides>``). A row the SLURM controller writes (``slurm``; for an sbatch refusal
+``{"job_id": null, "state": "REFUSED", "reason": ...}``) has a null signature and, for a probe,
+what its ``probe_state.json`` held (``points``, ``max_n``, ``first_fail_n``, ``timed_out_n``,
+``depth``). A multirun job whose config fails to resolve is an ``error`` row with ``point`` null
+and ``routine`` as configured.
 """
 
 from __future__ import annotations
