@@ -205,11 +205,13 @@ def probe_config(cfg: DictConfig) -> tuple[DictConfig, str]:
     return probe_cfg, results.point_signature(sig)
 
 
-def _probe_decision(lock: Path, result: Path, signature: str, started: float) -> str:
+def _probe_decision(lock: Path, result: Path, signature: str, started: float, holder: str = "") -> str:
     """``done`` (the probe's result.json is there), ``run`` (this job took the lock) or ``other``
     (another job holds it). O_CREAT|O_EXCL is atomic on one filesystem, shared ones included;
     a lock older than this multirun's start without a result was left by an interrupted run
-    and is taken over (renamed away first, so only one job can take it)."""
+    and is taken over (renamed away first, so only one job can take it). The lock's first line
+    names its ``holder`` (the job's output directory): a job that finds its own name there was
+    requeued or resumed while it ran the probe, and takes it back."""
     if _has_result(result, signature):
         return "done"
     lock.parent.mkdir(parents=True, exist_ok=True)
@@ -219,8 +221,12 @@ def _probe_decision(lock: Path, result: Path, signature: str, started: float) ->
         except FileExistsError:
             try:
                 stale = started > 0 and lock.stat().st_mtime < started
+                mine = bool(holder) and lock.read_text().split("\n", 1)[0] == holder
             except FileNotFoundError:
                 continue
+            if mine:
+                os.utime(lock)
+                return "run"
             if not stale:
                 return "other"
             try:
@@ -229,7 +235,7 @@ def _probe_decision(lock: Path, result: Path, signature: str, started: float) ->
                 pass
             continue
         with os.fdopen(fd, "w") as f:
-            f.write(f"{os.uname().nodename} pid {os.getpid()} {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+            f.write(f"{holder}\n{os.uname().nodename} pid {os.getpid()} {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
         return "run"
     return "other"
 
@@ -253,7 +259,8 @@ def ensure_probe(cfg: DictConfig, ctx: JobContext, slots: Slots, group: Supervis
     result_path = out_dir / results.RESULT_FILE
     # A lock older than this run (a multirun: its controller's start) was left by an interrupted one.
     started = float(os.environ.get(SWEEP_STARTED_ENV) or 0) if ctx.multirun else ctx.started_s
-    decision = _probe_decision(lock, result_path, signature, started) if slots.supervisor_rank == 0 else None
+    holder = str(Path(ctx.out_dir).resolve())
+    decision = _probe_decision(lock, result_path, signature, started, holder) if slots.supervisor_rank == 0 else None
     decision = group.broadcast(decision)
     ref = {"signature": signature, "path": str(result_path), "ran_here": decision == "run",
            "state": {"done": "done", "run": "done", "other": "run by another job"}[decision]}

@@ -73,6 +73,16 @@ def test_one_job_takes_the_probe_lock(tmp_path):
     assert _probe_decision(lock, result, "sig", started) == "done"
 
 
+def test_a_requeued_job_takes_back_its_own_lock(tmp_path):
+    """SLURM requeues a job into the same output directory: the lock it left names it."""
+    lock, result = tmp_path / "sig.lock", tmp_path / "sig" / "result.json"
+    started = time.time() - 10
+    assert _probe_decision(lock, result, "sig", started, holder="/sweep/3") == "run"
+    assert _probe_decision(lock, result, "sig", started, holder="/sweep/5") == "other"
+    assert _probe_decision(lock, result, "sig", started, holder="/sweep/3") == "run"  # requeued job 3
+    assert _probe_decision(lock, result, "sig", started) == "other"  # no name: never someone else's lock
+
+
 def test_a_lock_left_by_an_interrupted_run_is_taken_over(tmp_path):
     lock, result = tmp_path / "sig.lock", tmp_path / "sig" / "result.json"
     lock.write_text("old\n")
