@@ -250,11 +250,12 @@ class Probe:
         self.prediction = prediction = replace(prediction, bracket=(low, high))
         log.info("probe: predicted max N %d (%s at %.4g GiB from %s); bracket %d..%d", prediction.predicted_max_n,
                  prediction.fit.describe(), prediction.capacity_gib, prediction.capacity_source, low, high)
-        step, n = prediction.predicted_max_n - low, low
+        # each end that disagrees moves out by twice the last step (never less than one unit)
+        step, n = max(unit, prediction.predicted_max_n - low), low
         while n > self.lo and not self._try(n):  # the lower end must fit
             step *= 2
             n = max(unit, (self.hi - step) // unit * unit)
-        step, n = high - prediction.predicted_max_n, max(high, self.lo + unit)
+        step, n = max(unit, high - prediction.predicted_max_n), max(high, self.lo + unit)
         while self.hi is None and self._try(n):  # the upper end must fail
             step *= 2
             n = -(-(self.lo + step) // unit) * unit

@@ -17,7 +17,7 @@ from cpbench.results.memory_fit import MemoryFit, fit_peak_memory, fitting_point
 
 PREDICT_POINTS = 3          # fitting points (distinct N) the ramp measures before the prediction
 BRACKET_FRACTION = 0.05     # half-width of a loose first bracket, relative to the predicted N (a wrong end widens it)
-# A fit this close to its points gets a bracket one granularity wide, below the prediction. On one
+# A fit this close to its points gets a bracket one granularity wide around the prediction. On one
 # H200 the lean fit of N=1,024-4,096 had a 2.4 % residual and predicted the peak at N=16,512
 # within 0.7 % (132.5 against 133.4 GiB reserved).
 TIGHT_FIT_RESIDUAL = 0.05
@@ -92,14 +92,14 @@ def bracket_ends(predicted: int, granularity: int, unit: int, fit: MemoryFit | N
     """(lower end, upper end) of the first bracket, on multiples of ``unit`` (lower end >= unit).
 
     A tight fit (every fitted point within ``TIGHT_FIT_RESIDUAL``) gives one granularity step
-    ending one unit above the prediction: the predicted N is where the fitted peak still fits,
-    and a peak fitted on lean points (the irreducible memory) errs high, so the max N is at or
-    a little below it; when both ends agree the search is done in two points. Otherwise
+    centred on the prediction: when both ends agree the search is done in two points, and
+    neither end sits at the predicted edge itself, where a re-run can land on either side (on a
+    CPU, resident-set noise made such a max N fit once and fail once). Otherwise
     ±``BRACKET_FRACTION`` of the prediction, at least one granularity step each side.
     """
     if fit is not None and fit.max_rel_residual <= TIGHT_FIT_RESIDUAL:
-        high = -(-(predicted + unit) // unit) * unit
-        return max(unit, (high - granularity) // unit * unit), high
+        low = max(unit, (predicted - granularity // 2) // unit * unit)
+        return low, low + -(-granularity // unit) * unit
     half = max(granularity, int(predicted * BRACKET_FRACTION))
     low = max(unit, (predicted - half) // unit * unit)
     high = -(-(predicted + half) // unit) * unit

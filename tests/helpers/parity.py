@@ -83,13 +83,22 @@ def record_trunk_grad_errors(errors: dict, mod: torch.nn.Module, ref: torch.nn.M
     errors["trunk/grads"] = rel_error(grads, grads_ref)
 
 
+# The losses after AdamW steps: AdamW moves a component whose gradient is ~0 by a full ±lr step
+# whose sign is the rounding's, and the loss then depends on those components. Seed 243788219
+# (cp=2) gave relative differences of 1.3e-4 and 5.3e-4 at steps 2 and 3, on this session's code
+# and on the commit before it (929898a) alike, with the gradients within TOL and the trained
+# parameters within TRUNK_PARAM_TOL norm-wise. A sharding error moves the first step's loss (held
+# to TOL) and the gradients; this bound only keeps the later steps in line.
+TRAINED_LOSS_TOL = 1e-3
+
+
 def assert_training_losses_match(cp_losses: list[float], ref: list[float], context: tuple) -> None:
     """The sharded run's training losses against the serial run's: the first step's at TOL; the
     later ones come after AdamW steps, which carry the rounding of ~0 gradient components into the
-    update (above), so like the trained parameters they are held to TRUNK_PARAM_TOL (at TOL this
-    check failed 2 of 6 runs on the commit before the layout refactor)."""
+    update (above), so they are held to TRAINED_LOSS_TOL (at TOL this check failed 2 of 6 runs on
+    the commit before the layout refactor, at TRUNK_PARAM_TOL once in a CI rehearsal)."""
     assert abs(cp_losses[0] - ref[0]) <= TOL * abs(ref[0]), (*context, cp_losses, ref)
-    assert all(abs(a - b) <= TRUNK_PARAM_TOL * abs(b) for a, b in zip(cp_losses, ref)), (*context, cp_losses, ref)
+    assert all(abs(a - b) <= TRAINED_LOSS_TOL * abs(b) for a, b in zip(cp_losses, ref)), (*context, cp_losses, ref)
 
 
 def record_trained_param_errors(errors: dict, mod: torch.nn.Module, ref: torch.nn.Module) -> None:

@@ -44,7 +44,8 @@ def test_checkpointed_msa_blocks_save_no_activations():
 
 def test_training_budget_leaves_room_for_the_backward(monkeypatch):
     """On CUDA the checkpointed block's budget is 40 % of what is free after BACKWARD_PAIRS
-    pair-shard-sized tensors (checked with the CUDA queries stubbed: no GPU here)."""
+    pair-shard-sized tensors, at most the size term (a tenth of the device here: 14 GiB) (checked
+    with the CUDA queries stubbed: no GPU here)."""
     from types import SimpleNamespace
 
     from cpbench.models.pairformer.parallel import chunking
@@ -54,6 +55,7 @@ def test_training_budget_leaves_room_for_the_backward(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (30 * gib, 140 * gib))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 12 * gib)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 10 * gib)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 1.0, raising=False)
     default = chunking.budget_bytes(pair)
     training = chunking.training_budget_bytes(pair)
     assert default == int(32 * gib * 0.4)
