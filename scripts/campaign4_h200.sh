@@ -21,14 +21,7 @@ cat "$OUT/env.txt"
 cat commit.txt > "$OUT/commit.txt" 2>/dev/null || true
 nvidia-smi > "$OUT/nvidia-smi_before.txt" 2>&1
 
-left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
-point() {  # point NAME NEEDED_S OVERRIDES...: one cpbench job into $OUT/NAME when NEEDED_S remain
-  local name=$1 need=$2; shift 2
-  if [ "$(left)" -lt "$need" ]; then echo "skip $name: $(left) s left, needs $need"; return; fi
-  local t0=$(date +%s)
-  timeout $(( $(left) - 5 )) python3 -m cpbench "$@" hydra.run.dir="$OUT/$name" > "$OUT/$name.log" 2>&1
-  echo "phase $name rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/$name.log" | cut -c1-600)"
-}
+source scripts/campaign_lib.sh  # left, point, archive_out
 TRUNK="model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing cp=1"
 TRAIN="model=boltz2 workflow=training routine=timing cp=1"
 
@@ -69,6 +62,4 @@ case "$CALL" in
   *) echo "unknown call $CALL"; exit 2 ;;
 esac
 nvidia-smi > "$OUT/nvidia-smi_after.txt" 2>&1
-# Only a few files of a call come back from the GPU machine: everything also goes into one archive.
-tar czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")" && mv "$OUT.tgz" "$OUT/all.tgz"
-echo "done in $(( $(date +%s) - START )) s"
+archive_out

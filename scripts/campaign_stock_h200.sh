@@ -27,7 +27,7 @@ OUT=${OUT:?set OUT}
 BUDGET_S=${BUDGET_S:-300}
 START=$(date +%s)
 mkdir -p "$OUT"
-left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
+source scripts/campaign_lib.sh  # left, point, archive_out
 
 if [ "${DRY:-0}" = 1 ]; then  # CPU rehearsal: the tiny sizes, N scaled down, no GPU or wheels
   HERE="device=cpu dtype=fp32 model.c_s=32 model.c_z=16 model.blocks=3 model.heads_single=4 memory.limit_gib=0.25"
@@ -47,13 +47,6 @@ $PYTHON -m cpbench.models.stock boltz2 > "$OUT/stock_import.txt" 2>&1; rc=$?
 $PYTHON -c "import scipy, numpy; print('scipy', scipy.__version__, 'numpy', numpy.__version__)" >> "$OUT/stock_import.txt" 2>&1
 cat "$OUT/stock_import.txt"; [ $rc = 0 ] || exit 1
 
-point() {  # point NAME NEEDED_S OVERRIDES...: one cpbench job into $OUT/NAME when NEEDED_S remain
-  local name=$1 need=$2; shift 2
-  if [ "$(left)" -lt "$need" ]; then echo "skip $name: $(left) s left, needs $need"; return; fi
-  local t0=$(date +%s)
-  $PYTHON -m cpbench "$@" hydra.run.dir="$OUT/$name" > "$OUT/$name.log" 2>&1
-  echo "phase $name rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/$name.log" | cut -c1-400)"
-}
 STOCK="model=stock/boltz2 model.kernels=torch cp=1 workflow=inference workflow.recycles=0 $HERE"
 
 # The probe first (the figure the report compares against). No new probe point starts later than
@@ -69,6 +62,4 @@ $PYTHON -m cpbench.report "$OUT" > "$OUT/report.log" 2>&1
 echo "phase report rc=$? $(( $(date +%s) - t0 )) s"
 sed -n '/^## Headline/,/^## Results/p;/^## Memory model/,/^## FLOPs/p' "$OUT/cp_benchmark.md" 2>/dev/null | head -40
 [ "${DRY:-0}" = 1 ] || nvidia-smi > "$OUT/nvidia-smi_after.txt" 2>&1
-# Only a few files of a call come back from the GPU machine: everything also goes into one archive.
-tar czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")" && mv "$OUT.tgz" "$OUT/all.tgz"
-echo "done in $(( $(date +%s) - START )) s"
+archive_out

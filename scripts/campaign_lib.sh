@@ -1,0 +1,22 @@
+# Shared by the GPU campaign scripts (campaign3/4_h200.sh, campaign_stock_h200.sh): source it after
+# setting OUT (the call's output folder), BUDGET_S (seconds the call may take) and START (its
+# start, date +%s); PYTHON (default python3) runs cpbench.
+
+# Seconds left of the call's budget.
+left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
+
+# point NAME NEEDED_S OVERRIDES...: one cpbench job into $OUT/NAME when NEEDED_S remain, killed
+# 5 s before the budget ends (its supervisor then stops its workers, and the archive still runs).
+point() {
+  local name=$1 need=$2; shift 2
+  if [ "$(left)" -lt "$need" ]; then echo "skip $name: $(left) s left, needs $need"; return; fi
+  local t0=$(date +%s)
+  timeout $(( $(left) - 5 )) ${PYTHON:-python3} -m cpbench "$@" hydra.run.dir="$OUT/$name" > "$OUT/$name.log" 2>&1
+  echo "phase $name rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/$name.log" | cut -c1-600)"
+}
+
+# Only a few files of a call come back from the GPU machine: everything also goes into one archive.
+archive_out() {
+  tar czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")" && mv "$OUT.tgz" "$OUT/all.tgz"
+  echo "done in $(( $(date +%s) - START )) s"
+}
