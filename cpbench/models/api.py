@@ -133,20 +133,22 @@ def _accepted_kwargs(factory: Any, kwargs: dict) -> dict:
     return {k: v for k, v in kwargs.items() if k in params or k not in HARNESS_KEYS}
 
 
-def supports_run_blocks(adapter: Adapter) -> bool:
-    """Whether ``run_step`` takes ``run_blocks`` (lets the probe run a shortened trunk)."""
+def _run_step_takes(adapter: Adapter, keyword: str) -> bool:
+    """Whether the adapter's ``run_step`` has a parameter named ``keyword`` (an optional extension)."""
     try:
-        return "run_blocks" in inspect.signature(adapter.run_step).parameters
+        return keyword in inspect.signature(adapter.run_step).parameters
     except (TypeError, ValueError):
         return False
+
+
+def supports_run_blocks(adapter: Adapter) -> bool:
+    """Whether ``run_step`` takes ``run_blocks`` (lets the probe run a shortened trunk)."""
+    return _run_step_takes(adapter, "run_blocks")
 
 
 def supports_lean(adapter: Adapter) -> bool:
     """Whether ``run_step`` takes ``lean`` (lets the probe fit irreducible peaks)."""
-    try:
-        return "lean" in inspect.signature(adapter.run_step).parameters
-    except (TypeError, ValueError):
-        return False
+    return _run_step_takes(adapter, "lean")
 
 
 def adapter_stats(adapter: Adapter) -> dict:
