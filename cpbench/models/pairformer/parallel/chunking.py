@@ -109,19 +109,21 @@ def budget_bytes(pair: torch.Tensor) -> int:
     """Bytes an op may spend on transient buffers, given the local pair shard ``pair``."""
     if _override_bytes is not None:
         return _override_bytes
-    if _lean and pair.is_cuda:
-        capacity_b = _cuda_free_bytes(pair.device)[1]
-        return max(pair.numel() * pair.element_size() // _LEAN_PAIR_FRACTION, int(capacity_b * _LEAN_DEVICE_FRACTION))
-    pair_share_b = pair.numel() * pair.element_size() // _PAIR_FRACTION
+    pair_b = pair.numel() * pair.element_size()
     if pair.is_cuda:
         free_b, capacity_b = _cuda_free_bytes(pair.device)
-        return FreeMemoryBudget(min(free_b * _CUDA_FREE_FRACTION, _cuda_size_term(pair_share_b, capacity_b)))
-    return max(pair_share_b, _CPU_FLOOR_BYTES)
+        if _lean:
+            return _cuda_size_term(pair_b, capacity_b, _LEAN_PAIR_FRACTION, _LEAN_DEVICE_FRACTION)
+        return FreeMemoryBudget(min(free_b * _CUDA_FREE_FRACTION, _cuda_size_term(pair_b, capacity_b)))
+    return max(pair_b // _PAIR_FRACTION, _CPU_FLOOR_BYTES)
 
 
-def _cuda_size_term(pair_share_b: int, capacity_b: int) -> int:
-    """The budget's deterministic term on CUDA: a quarter of the pair shard or a tenth of the device."""
-    return max(pair_share_b, int(capacity_b * _CUDA_DEVICE_FRACTION))
+def _cuda_size_term(pair_b: int, capacity_b: int, pair_fraction: int = _PAIR_FRACTION,
+                    device_fraction: float = _CUDA_DEVICE_FRACTION) -> int:
+    """A CUDA budget's deterministic term: ``pair_b / pair_fraction`` or ``device_fraction`` of the
+    device, whichever is larger (the normal budget's a quarter or a tenth; a lean one's a 32nd or
+    a hundredth)."""
+    return max(pair_b // pair_fraction, int(capacity_b * device_fraction))
 
 
 def _cuda_free_bytes(device: torch.device) -> tuple[int, int]:
@@ -157,7 +159,7 @@ def training_budget_bytes(pair: torch.Tensor) -> int:
     free_b, capacity_b = _cuda_free_bytes(pair.device)
     pair_b = pair.numel() * pair.element_size()
     room_b = free_b - BACKWARD_PAIRS * pair_b
-    budget_b = min(int(room_b * _CUDA_FREE_FRACTION), _cuda_size_term(pair_b // _PAIR_FRACTION, capacity_b))
+    budget_b = min(int(room_b * _CUDA_FREE_FRACTION), _cuda_size_term(pair_b, capacity_b))
     return max(budget_b, _MIN_TRAINING_BUDGET_BYTES)
 
 
