@@ -116,9 +116,14 @@ def stock_baselines(rows: pd.DataFrame) -> dict[str, list[StockBaseline]]:
     return out
 
 
-def stock_baseline_for(model: str, baselines: list[StockBaseline]) -> StockBaseline | None:
-    """The stock baseline a model's configurations are compared with: the stock trunk of the same
-    name (``boltz2`` -> ``stock-boltz2``) where the results hold it, else the first by name."""
+def stock_baseline_for(same_wf: pd.DataFrame, model: str, workflow: str,
+                       baselines: dict[str, list[StockBaseline]]) -> StockBaseline | None:
+    """The stock baseline the rows ``same_wf`` (one model, one workflow) are compared with: None
+    when they are a stock model's own; else the stock trunk of the same name (``boltz2`` ->
+    ``stock-boltz2``) where ``baselines`` (``stock_baselines``) hold it for ``workflow``, else the first by name."""
+    if "stock" in same_wf and bool(same_wf["stock"].notna().any()):
+        return None
+    baselines = baselines.get(workflow, [])
     if not baselines:
         return None
     named = [b for b in baselines if b.model.endswith(f"-{model}")]

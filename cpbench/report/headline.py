@@ -73,8 +73,7 @@ def headline_rows(rows: pd.DataFrame, baseline_max_n: int | None = None) -> list
     out = []
     for (model, workflow), same_wf in fits.groupby(["model", "workflow"], sort=True):
         cp1 = best_fit_per_cp(same_wf[same_wf["cp"] == 1])
-        is_stock = "stock" in same_wf and bool(same_wf["stock"].notna().any())
-        stock = None if is_stock else stock_baseline_for(str(model), baselines.get(str(workflow), []))
+        stock = stock_baseline_for(same_wf, str(model), str(workflow), baselines)
         for cp_config, grp in same_wf.groupby("CP config", sort=False):
             best = grp.loc[[grp["N_tokens"].astype(int).idxmax()]]
             row = best.iloc[0]

@@ -49,8 +49,7 @@ def max_n_sentences(rows: pd.DataFrame, baseline_max_n: int | None) -> list[str]
     for (model, workflow), same_wf in fits.groupby(["model", "workflow"], sort=True):
         cp1_any = best_fit_per_cp(same_wf[same_wf["cp"] == 1])
         # the stock single-GPU baseline of this workflow, unless the user gave one or this is one
-        is_stock = "stock" in same_wf and bool(same_wf["stock"].notna().any())
-        stock = None if baseline_max_n or is_stock else stock_baseline_for(str(model), baselines.get(str(workflow), []))
+        stock = None if baseline_max_n else stock_baseline_for(same_wf, str(model), str(workflow), baselines)
         for topology, grp in same_wf.groupby("topology", sort=True):
             best = best_fit_per_cp(grp)
             by_cp = dict(zip(best["cp"].astype(int), best["N_tokens"].astype(int)))
