@@ -165,13 +165,15 @@ class Probe:
             "N": n, "fits": result.status == "ok", "status": result.status, "message": result.message, "lean": lean,
             "peak_alloc_gib": result.per_rank("peak_alloc_gib"),
             "peak_reserved_gib": result.per_rank("peak_reserved_gib"),
-            "seconds": round(result.seconds, 3), "order": len(self.points),
+            "seconds": round(result.seconds, 3), **_step_seconds(result), "order": len(self.points),
         }
         self.points[n] = record
         self._save_state()
         peak = max_over_ranks(record["peak_alloc_gib"])
-        log.info("probe N=%d%s %s peak=%s GiB %.1f s%s", n, " (lean)" if lean else "",
-                 "fits" if record["fits"] else result.status, _fmt(peak), result.seconds,
+        step = (f" (step {record['step_s']:.1f} s, compile {record['compile_s']:.1f} s)"
+                if record.get("step_s") is not None else "")
+        log.info("probe N=%d%s %s peak=%s GiB %.1f s%s%s", n, " (lean)" if lean else "",
+                 "fits" if record["fits"] else result.status, _fmt(peak), result.seconds, step,
                  "" if record["fits"] else f" ({result.message[:200]})")
 
     def _try(self, n: int, lean: bool = False) -> bool:
@@ -373,6 +375,17 @@ class Probe:
             options.append(f"probe.start={lower} (now {smallest})")
         options.append(f"cp={2 * self.point.cp}")
         return f"to find a max N pass {' or '.join(options)}"
+
+
+def _step_seconds(result) -> dict:
+    """``step_s`` (the step itself, slowest rank) and ``compile_s`` (``torch.compile`` inside it,
+    slowest rank; 0 when the adapter reports none) of a point whose ranks all finished; {} else.
+    ``seconds`` minus ``step_s`` is the point's start-up: worker processes, model and batch."""
+    steps = [(r.get("times_ms") or [None])[-1] for r in result.ranks]
+    if not steps or any(t is None for t in steps):
+        return {}
+    compile_s = [float((r.get("stats") or {}).get("compile_s") or 0.0) for r in result.ranks]
+    return {"step_s": round(max(steps) / 1e3, 3), "compile_s": round(max(compile_s), 3)}
 
 
 def _round_gib(gib: float) -> str:
