@@ -50,6 +50,10 @@ SWEEP_STARTED_ENV = "CPBENCH_SWEEP_STARTED"
 PROBES_DIR = "probes"
 # Keys the probe of a configuration does not depend on (the timing points' sizes).
 PROBE_FREE_KEYS = ("N", "N_atoms")
+# How far a probe may go, not what its points measure: a probe's saved points (probe_state.json)
+# carry on under other values of these (a requeued job given a longer time limit, a probe split
+# over several runs on a machine lent for minutes at a time).
+PROBE_LIMIT_KEYS = ("budget_s", "max_points")
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,7 @@ def _run_job(cfg: DictConfig, ctx: JobContext) -> dict:
     auto_probe = cfg.get("routine") == "auto" and point.routine == "timing"
 
     signature = results.point_signature(signature_config(cfg))
+    state_signature = probe_state_signature(signature_config(cfg))
     if cfg.get("resume"):
         previous = results.find_previous(signature, ctx.out_dir, ctx.sweep_dir)
         if previous is not None:
@@ -181,7 +186,7 @@ def _run_job(cfg: DictConfig, ctx: JobContext) -> dict:
         if auto_probe:
             probe_ref = ensure_probe(cfg, ctx, slots, group, note)
         runner = Runner(point, slots, group)
-        fields = _run_routine(point, runner, ctx.out_dir if writer else None, signature)
+        fields = _run_routine(point, runner, ctx.out_dir if writer else None, state_signature)
     finally:
         group.close()
     status, message = fields.pop("status"), fields.pop("message")
@@ -201,8 +206,18 @@ def probe_config(cfg: DictConfig) -> tuple[DictConfig, str]:
     probe_cfg = cfg.copy()
     with open_dict(probe_cfg):
         probe_cfg.routine = "probe"
-    sig = {k: v for k, v in signature_config(probe_cfg).items() if k not in PROBE_FREE_KEYS}
-    return probe_cfg, results.point_signature(sig)
+    return probe_cfg, results.point_signature(_probe_signature_config(probe_cfg))
+
+
+def _probe_signature_config(probe_cfg: DictConfig) -> dict:
+    return {k: v for k, v in signature_config(probe_cfg).items() if k not in PROBE_FREE_KEYS}
+
+
+def probe_state_signature(signature_config_: dict) -> str:
+    """The identity of a probe's saved points (``probe_state.json``): the point's signature
+    config without the probe's limits (``PROBE_LIMIT_KEYS``)."""
+    probe = {k: v for k, v in (signature_config_.get("probe") or {}).items() if k not in PROBE_LIMIT_KEYS}
+    return results.point_signature(signature_config_ | {"probe": probe})
 
 
 def _probe_decision(lock: Path, result: Path, signature: str, started: float, holder: str = "") -> str:
@@ -273,7 +288,8 @@ def ensure_probe(cfg: DictConfig, ctx: JobContext, slots: Slots, group: Supervis
     probe_ctx = replace(ctx, out_dir=out_dir, started_s=time.time(),
                         overrides=[o for o in ctx.overrides if o.split("=", 1)[0].lstrip("+~") not in PROBE_FREE_KEYS])
     log.info("%sprobe of this configuration (routine=auto): %s", _progress(ctx.job_num), out_dir)
-    fields = _run_routine(point, Runner(point, slots, group), out_dir if writer else None, signature)
+    fields = _run_routine(point, Runner(point, slots, group), out_dir if writer else None,
+                          probe_state_signature(_probe_signature_config(probe_cfg)))
     status, message = fields.pop("status"), fields.pop("message")
     fields["auto"] = {"by": str(ctx.out_dir)}
     if note:
@@ -283,11 +299,12 @@ def ensure_probe(cfg: DictConfig, ctx: JobContext, slots: Slots, group: Supervis
     return ref
 
 
-def _run_routine(point: Point, runner: Runner, out_dir: Path | None, signature: str) -> dict:
+def _run_routine(point: Point, runner: Runner, out_dir: Path | None, state_signature: str) -> dict:
+    """The point's routine; a probe keeps its points in ``out_dir`` under ``state_signature``."""
     try:
         if point.routine == "probe":
             state_path = out_dir / results.PROBE_STATE_FILE if out_dir is not None else None
-            return run_probe(point, runner, state_path, signature)
+            return run_probe(point, runner, state_path, state_signature)
         return run_timing(point, runner, out_dir)
     except Exception as exc:  # noqa: BLE001 - a harness or adapter failure is a result row
         log.exception("%s failed", point.routine)

@@ -26,7 +26,9 @@ moves the check to a smaller N than ``probe.start`` (all blocks at a large N tak
 that point is measured like any other, and when it fits it is the lower end of the search.
 
 State (``probe_state.json``, written atomically after every point) holds every measured
-point; a restarted job with the same signature replays it and measures only what is new.
+point; a restarted job with the same signature replays it and measures only what is new. The
+state's signature leaves out the probe's limits (``probe.budget_s``, ``probe.max_points``:
+``cpbench.job.PROBE_LIMIT_KEYS``), so a probe that one limit stopped continues under a larger one.
 """
 
 from __future__ import annotations

@@ -29,3 +29,22 @@ def test_predicted_probe_with_verification_finishes_ok(tmp_path):
     assert (verify["max_n"]["N"], verify["max_n"]["status"]) == (record["max_n"], "ok")
     assert (verify["above"]["N"], verify["above"]["status"]) == (record["first_fail_n"], "oom")
     assert record["timed_out_n"] == [] and record["lower_bound"] is None
+
+
+def test_a_probe_stopped_by_its_limits_continues_under_larger_ones(tmp_path):
+    """probe.max_points / probe.budget_s are not part of the state's identity: a second run with
+    larger limits replays the first run's points and measures only the rest."""
+    base = ["routine=probe", "probe.strategy=bisect", "probe.verify=false", "device=cpu", "cp=1",
+            "memory.limit_gib=0.25", *GROWING, "probe.start=256", "probe.granularity=256",
+            "probe.timeout_s=60", "hydra.run.dir=run"]
+    first = run_cpbench([*base, "probe.max_points=2", "probe.budget_s=600"], cwd=tmp_path, timeout_s=180)
+    assert first.returncode == 0, first.stderr[-3000:]
+    capped = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert [p["N"] for p in capped["points"]] == [256, 512] and capped["lower_bound"], capped["message"]
+
+    second = run_cpbench([*base, "probe.max_points=32", "probe.budget_s=900"], cwd=tmp_path, timeout_s=180)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "probe: continuing from" in second.stdout + second.stderr
+    record = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert record["points"][:2] == capped["points"]  # replayed, not measured again
+    assert len(record["points"]) > 2 and record["first_fail_status"] == "oom" and record["lower_bound"] is None
