@@ -10,6 +10,7 @@
 #         near the limit takes ~265 s, so a ramp from 1,024 and a prediction do not fit two calls.
 # CALL f: #17 side by side after the chunk-budget change: the 64-block trunk pass at N=2,048 and
 #         N=512, kernels=flex then kernels=torch (while the call's time lasts).
+# CALL p: where a short step's host time goes (scripts/step_overhead.py, N=512, flex and torch).
 # Several calls run in order: bash scripts/campaign5_h200.sh "r f".
 # A probe that one call cannot finish stops at probe.budget_s (its points so far are in
 # probe_state.json); RESUME=<that probe's folder, carried in the tree> continues it in the next
@@ -50,6 +51,12 @@ for CALL in $CALLS; do
        point trunk2048_torch 130 $TRUNK N=2048 model.kernels=torch timing.timeout_s=150
        point trunk512_flex 60 $TRUNK N=512 model.kernels=flex timing.timeout_s=90
        point trunk512_torch 45 $TRUNK N=512 model.kernels=torch timing.timeout_s=60 ;;
+    p) if [ "$(left)" -gt 60 ]; then
+         t0=$(date +%s)
+         timeout $(( $(left) - 5 )) python3 scripts/step_overhead.py --n 512 --kernels flex torch \
+           --out "$OUT/step_overhead_512.json" > "$OUT/step_overhead_512.log" 2>&1
+         echo "phase step_overhead rc=$? $(( $(date +%s) - t0 )) s"; grep '^{' "$OUT/step_overhead_512.log"
+       fi ;;
     *) echo "unknown call $CALL"; exit 2 ;;
   esac
 done

@@ -1,0 +1,111 @@
+"""Where a short trunk step's host time goes: the 64-block boltz2 trunk pass (inference, cp=1,
+recycles 0, no MSA) timed as the worker times it, with the per-op host calls switched off one
+at a time (one GPU).
+
+    python scripts/step_overhead.py --n 512 --kernels flex torch --out step_overhead.json
+
+Variants per backend: ``as_is``; ``no_free_query`` (the chunk budget's free-memory reading,
+``chunking._cuda_free_bytes``: ``mem_get_info`` plus two ``memory_stats`` dicts per op, replaced
+by the first reading); ``no_stage_peaks`` (``StageTimer``'s per-stage peak reset and read off).
+Each variant: ``--warmup`` untimed steps (compiles), then the median of ``--repeats`` steps
+(synchronized wall clock), and the block mean the adapter reports. Prints one JSON line per
+(backend, variant) and writes them all to ``--out``. Not a cpbench point: a diagnosis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from cpbench.models.pairformer import stage_timer
+from cpbench.models.pairformer.adapter import PairformerAdapter
+from cpbench.models.pairformer.parallel import chunking
+
+BOLTZ2 = dict(c_s=384, c_z=128, blocks=64, heads_single=16, heads_tri=4, head_dim_tri=32, transition_factor=4,
+              msa_blocks=0, recycles=0, sampling=False, dtype="bf16")
+
+
+@contextlib.contextmanager
+def _variant(name: str, device: torch.device):
+    saved_free, saved_fold, saved_reset = chunking._cuda_free_bytes, stage_timer.StageTimer._fold_peak, None
+    try:
+        if name == "no_free_query":
+            first = saved_free(device)
+            chunking._cuda_free_bytes = lambda _device: first
+        elif name == "no_stage_peaks":
+            stage_timer.StageTimer._fold_peak = lambda self: None
+            saved_reset = torch.cuda.reset_peak_memory_stats
+            torch.cuda.reset_peak_memory_stats = lambda *a, **k: None
+        yield
+    finally:
+        chunking._cuda_free_bytes, stage_timer.StageTimer._fold_peak = saved_free, saved_fold
+        if saved_reset is not None:
+            torch.cuda.reset_peak_memory_stats = saved_reset
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_variant(adapter, model, batch, device, name: str, warmup: int, repeats: int) -> dict:
+    with _variant(name, device):
+        times_ms = []
+        for i in range(warmup + repeats):
+            _sync(device)
+            t0 = time.perf_counter()
+            adapter.run_step(model, batch, False)
+            _sync(device)
+            if i >= warmup:
+                times_ms.append((time.perf_counter() - t0) * 1e3)
+    stats = adapter.stats()
+    return {"variant": name, "median_ms": round(statistics.median(times_ms), 2),
+            "block_mean_ms": round(stats["stage_ms"].get("block_mean", float("nan")), 3),
+            "compile_s": stats.get("compile_s")}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=512)
+    p.add_argument("--kernels", nargs="+", default=["flex", "torch"])
+    p.add_argument("--variants", nargs="+", default=["as_is", "no_free_query", "no_stage_peaks"])
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--blocks", type=int, default=64)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29511")
+    device = torch.device(args.device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
+    mesh = init_device_mesh(device.type, (1,), mesh_dim_names=("cp",))
+    rows = []
+    for backend in args.kernels:
+        adapter = PairformerAdapter(**{**BOLTZ2, "blocks": args.blocks}, kernels=backend)
+        torch.manual_seed(0)
+        model = adapter.build_model(mesh, device)
+        batch = adapter.build_batch(args.n, 8 * args.n, 256, mesh, device)  # conf: atoms_per_token 8, S 256
+        for name in args.variants:
+            row = {"kernels": backend, "N": args.n, **time_variant(adapter, model, batch, device, name,
+                                                                  args.warmup, args.repeats)}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        del model, batch
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"rows": rows, "torch": torch.__version__,
+                       "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}, f, indent=1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
