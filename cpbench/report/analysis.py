@@ -50,10 +50,20 @@ def repeated_timing_points(rows: pd.DataFrame) -> int:
     return 0 if ok.empty else int((ok.groupby(TIMING_POINT).size() > 1).sum())
 
 
+def best_fit(fits: pd.DataFrame) -> pd.DataFrame:
+    """The one max-fit row of a configuration probed several times (a probe stopped early and
+    its rerun, say): the largest N, and of rows with that N the exact figure over a lower bound
+    (a verified max N beside an older probe that reached the same N without a failure)."""
+    ranked = fits.assign(_n=fits["N_tokens"].astype(int), _lower=is_lower_bound(fits))
+    ranked = ranked.sort_values(["_n", "_lower"], ascending=[False, True], kind="stable")
+    return fits.loc[[ranked.index[0]]]
+
+
 def best_fit_per_cp(fits: pd.DataFrame) -> pd.DataFrame:
-    """The max-fit row with the largest N of each cp, ordered by cp: one figure per cp when a
-    cp was probed several times (a probe stopped early and its rerun, say)."""
-    return fits.loc[fits.groupby("cp")["N_tokens"].idxmax()].sort_values("cp")
+    """``best_fit`` of each cp, ordered by cp: one figure per cp."""
+    if fits.empty:
+        return fits
+    return pd.concat([best_fit(grp) for _, grp in fits.groupby("cp")]).sort_values("cp")
 
 
 # An out-of-memory more than this many tokens above a max N leaves the limit anywhere in between:
@@ -109,7 +119,7 @@ def stock_baselines(rows: pd.DataFrame) -> dict[str, list[StockBaseline]]:
     fits = rows[(rows["row"] == "max-fit") & rows["N_tokens"].notna() & rows["stock"].notna() & (rows["cp"] == 1)]
     out: dict[str, list[StockBaseline]] = {}
     for (model, workflow), grp in fits.groupby(["model", "workflow"], sort=True):
-        best = grp.loc[[grp["N_tokens"].astype(int).idxmax()]]
+        best = best_fit(grp)
         out.setdefault(str(workflow), []).append(StockBaseline(
             str(best["stock"].iloc[0]), str(model), str(workflow), int(best["N_tokens"].iloc[0]),
             bool(is_lower_bound(best).iloc[0])))

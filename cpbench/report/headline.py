@@ -21,6 +21,7 @@ import pandas as pd
 
 from cpbench.report.analysis import (
     COARSE_GAP_TOKENS,
+    best_fit,
     best_fit_per_cp,
     coarse_gap,
     is_lower_bound,
@@ -65,7 +66,7 @@ class HeadlineRow:
 
 def headline_rows(rows: pd.DataFrame, baseline_max_n: int | None = None) -> list[HeadlineRow]:
     """One ``HeadlineRow`` per (model, workflow, CP config) with a measured max N, ordered by
-    model, workflow, cp and CP config; the largest max N of several probes of one configuration."""
+    model, workflow, cp and CP config; of several probes of one configuration, ``best_fit``."""
     if rows.empty:
         return []
     fits = rows[(rows["row"] == "max-fit") & rows["N_tokens"].notna()]
@@ -75,7 +76,7 @@ def headline_rows(rows: pd.DataFrame, baseline_max_n: int | None = None) -> list
         cp1 = best_fit_per_cp(same_wf[same_wf["cp"] == 1])
         stock = stock_baseline_for(same_wf, str(model), str(workflow), baselines)
         for cp_config, grp in same_wf.groupby("CP config", sort=False):
-            best = grp.loc[[grp["N_tokens"].astype(int).idxmax()]]
+            best = best_fit(grp)
             row = best.iloc[0]
             lower = bool(is_lower_bound(best).iloc[0])
             reason = _reason(row, bool(coarse_gap(best).iloc[0])) if lower else None
@@ -136,7 +137,8 @@ def headline_section(headline: list[HeadlineRow]) -> str:
     if not headline:
         return "\n".join(text + ["No probe found a max N in these results."])
     text += ["Max N per model, workflow and CP config (the largest measured where a configuration was "
-             "probed more than once). `≥`: a lower bound (the probe stopped early, no N ran out of memory, "
+             "probed more than once; of equal figures, an exact one before a lower bound). "
+             "`≥`: a lower bound (the probe stopped early, no N ran out of memory, "
              f"a point timed out, a re-run disagreed: unstable, or the out-of-memory lies more than "
              f"{COARSE_GAP_TOKENS} tokens above: a coarse bracket). The ratio compares against "
              + _baseline_text(headline), "",

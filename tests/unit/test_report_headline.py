@@ -125,3 +125,21 @@ def test_readme_block_is_replaced_between_its_markers(tmp_path, capsys):
     assert report_main([str(root), "--readme", str(plain)]) == 0
     assert plain.read_text() == "no markers here\n"
     assert "warning" in capsys.readouterr().err
+
+
+def test_a_verified_max_n_wins_over_an_older_lower_bound_of_the_same_n(tmp_path):
+    """A configuration probed twice to the same N: the exact figure (an oom right above it) is the
+    headline's and the readout's, not the older probe that never failed (order on disk either way)."""
+    older = probe_record("training", 1, 2560, None, None)
+    exact = probe_record("training", 1, 2560, 2816, "oom")
+    for order, records in enumerate(((older, exact), (exact, older))):
+        root = tmp_path / str(order)
+        for i, record in enumerate(records):
+            (root / f"p{i}").mkdir(parents=True)
+            (root / f"p{i}" / "result.json").write_text(json.dumps(record))
+        rows = result_rows([(root / f"p{i}" / "result.json", r) for i, r in enumerate(records)], root)
+        (training,) = [h for h in headline_rows(rows) if h.workflow == "training"]
+        assert (training.max_n_text(), training.lower_bound) == ("2,560", None), training
+        text = build_report(root)["markdown"].read_text()
+        assert "| m | training | 1d cp=1 | 2,560 | — | OOM at 2,816 |" in section(text, "Headline")
+        assert "2,560 at cp=1" in section(text, "Readout") and "≥ 2,560" not in section(text, "Readout")
