@@ -9,7 +9,12 @@ dtype, which change both memory and time) two models are fitted over N:
 
 * **peak memory per rank**: the report's ``a·N² + b·N + c`` (``cpbench.results.memory_fit``,
   non-negative terms) over every (N, peak allocated) where the step fit: ok timing rows and
-  probe points that fit (``report.analysis.memory_points``). It scales to other CP sizes by
+  probe points that fit (``report.analysis.memory_points``) -- except where a group has a
+  probe's lean fitting points (``"lean": true``) at ``MIN_LEAN_POINTS`` or more distinct N:
+  then only those, as the probe's own prediction does (``memory_fit.fitting_points``). A lean
+  peak is the model's irreducible memory, which does not depend on how much memory is free and
+  is what meets the device at the max N; the other points' chunk transients grow with the free
+  memory, so a fit through both bends. It scales to other CP sizes by
   ``cp_fit / cp`` on the N² term only (the pair representation is sharded, the rest is
   replicated), as the report's memory model does -- only where the fit has an N² term.
 * **time per step**: the trunk (the whole step, less the ``sampling`` stage where the adapter
@@ -20,11 +25,16 @@ dtype, which change both memory and time) two models are fitted over N:
   Time is the median step of the slowest rank (``median_ms``). A time fit is per CP config:
   it does not scale to other CP sizes.
 * **energy per structure** (one step), where the records measured it
-  (``energy_j_per_step_per_rank``, summed over ranks): the measured mean power of the group's
-  largest measured N times the predicted time.
+  (``energy_j_per_step_per_rank``, summed over ranks): the mean power measured in the group
+  (energy / time of a step), interpolated linearly in N between the measured N (the nearest
+  one's outside them; GPU power grows with N, so the largest N's would over-count a small
+  input), times the predicted time.
 
-Each figure carries the N range it was fitted on and ``extrapolated`` when INPUT's N lies
-outside it; where a point at exactly INPUT's N was measured, the measured value replaces the
+The timing rows are the latest ok row of each point, a point being the group (kernels and
+dtype included: the same N under two kernel backends is two points) and N. Each figure carries
+the N range it was fitted on and ``extrapolated`` when INPUT's N lies outside it, and in the
+table a warning where its fit misses one of its own points by more than ``POOR_FIT_RESIDUAL``
+(relative); where a point at exactly INPUT's N was measured, the measured value replaces the
 prediction (marked ``measured``). Bad input is one line on stderr and exit code 2
 (``EstimateError``).
 """
@@ -35,19 +45,21 @@ import itertools
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 import pandas as pd
 
-from cpbench.report.analysis import latest_ok_timing
+from cpbench.report.analysis import ok_timing
 from cpbench.report.memory_model import GPU_MEMORY_SIZES_GIB, MemoryFit, fit_peak_memory
 from cpbench.report.rows import ENERGY_COLUMN, STAGE_PREFIX, probe_point_rows, result_rows
 from cpbench.results import iter_incomplete_probes, iter_results, without_continued_probes
+from cpbench.results.memory_fit import MIN_LEAN_POINTS
 
 DEFAULT_RESULTS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 CP_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
 GROUP_KEYS = ("model", "workflow", "CP config", "kernels", "dtype")
+POOR_FIT_RESIDUAL = 0.5  # a fit that misses one of its points by more than this (relative) is flagged
 
 
 class EstimateError(Exception):
@@ -128,7 +140,16 @@ def load_rows(results_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, list[dict]
     found = without_continued_probes(list(iter_results(root)) + list(iter_incomplete_probes(root)))
     if not found:
         raise EstimateError(f"--from {results_dir}: no result.json under it")
-    return result_rows(found, root), probe_point_rows(found), [rec for _, rec in found]
+    return result_rows(found, root), with_lean(probe_point_rows(found), found), [rec for _, rec in found]
+
+
+def with_lean(points: pd.DataFrame, found: list[tuple[Path, dict]]) -> pd.DataFrame:
+    """``points`` (``probe_point_rows(found)``: one row per probe point, in the same order) with
+    a ``lean`` column: whether the probe ran that point lean (its ``points[].lean``)."""
+    lean = [bool(p.get("lean")) for _, rec in found if rec.get("routine") == "probe" for p in rec.get("points") or []]
+    if len(lean) != len(points):
+        raise AssertionError(f"{len(points)} probe point rows but {len(lean)} probe points")
+    return points.assign(lean=lean)
 
 
 def measured_gpu_gib(records: list[dict]) -> float | None:
@@ -153,6 +174,9 @@ class Figure:
     n_range: tuple[int, int] | None = None
     n_points: int = 0
     model: str = ""
+    # The fit's max relative residual over its own points; a class default, not a field, so the
+    # JSON keeps its keys (the fitted model's text says it too). Set on predicted figures.
+    max_residual: ClassVar[float | None] = None
 
     def text(self, fmt: str) -> str:
         if self.value is None:
@@ -163,7 +187,15 @@ class Figure:
         rng = f"N {self.n_range[0]:,}–{self.n_range[1]:,}" if self.n_range and self.n_range[0] != self.n_range[1] \
             else (f"N {self.n_range[0]:,}" if self.n_range else "")
         tag = "extrapolated, " if self.source == "extrapolated" else ""
-        return f"{out} ({tag}fit {rng}, {self.n_points} pts)"
+        poor = (f", poor fit: max residual {100 * self.max_residual:.0f} %"
+                if self.max_residual is not None and self.max_residual > POOR_FIT_RESIDUAL else "")
+        return f"{out} ({tag}fit {rng}, {self.n_points} pts{poor})"
+
+
+def _fitted(figure: Figure, residual: float | None) -> Figure:
+    """``figure`` carrying its fit's max relative residual (for the table's poor-fit warning)."""
+    figure.max_residual = residual
+    return figure
 
 
 @dataclass
@@ -204,7 +236,7 @@ def estimate(n_tokens: int, rows: pd.DataFrame, points: pd.DataFrame, gpu_gib: f
         EstimateError: no group matches ``model`` / ``workflow``, or none has a fit.
     """
     mem = _memory_points_keyed(rows, points)
-    timing = latest_ok_timing(rows) if not rows.empty else rows
+    timing = latest_ok_timing_keyed(rows) if not rows.empty else rows
     keys = sorted({tuple(k) for k in mem[list(GROUP_KEYS)].itertuples(index=False)} |
                   {tuple(k) for k in timing[list(GROUP_KEYS)].itertuples(index=False)} if not timing.empty else
                   {tuple(k) for k in mem[list(GROUP_KEYS)].itertuples(index=False)}, key=lambda k: tuple(map(str, k)))
@@ -238,20 +270,35 @@ def _select(frame: pd.DataFrame, key: tuple) -> pd.DataFrame:
     return frame[mask]
 
 
+def latest_ok_timing_keyed(rows: pd.DataFrame) -> pd.DataFrame:
+    """``report.analysis.latest_ok_timing`` with the point keyed by the whole group (kernels and
+    dtype included) and N: the latest ok timing row of each, so a torch run after a flex run at
+    the same N does not replace it."""
+    ok = ok_timing(rows)
+    if ok.empty or "date" not in ok:
+        return ok
+    key = ok[list(GROUP_KEYS)].astype(str).assign(N_tokens=ok["N_tokens"])  # None (no backend) is a value
+    order = key.assign(_date=ok["date"].fillna("")).sort_values("_date", kind="stable")
+    keep = order.drop_duplicates(list(GROUP_KEYS) + ["N_tokens"], keep="last").index
+    return ok.loc[sorted(keep)]
+
+
 def _memory_points_keyed(rows: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
     """``report.analysis.memory_points`` (ok timing rows, latest of each point, and probe points
-    that fit), keeping the kernels and dtype of each point."""
-    cols = list(GROUP_KEYS) + ["cp", "N", "peak_gib"]
+    that fit), keeping the kernels and dtype of each point and whether it ran lean."""
+    cols = list(GROUP_KEYS) + ["cp", "N", "peak_gib", "lean"]
     if rows.empty:
         return pd.DataFrame(columns=cols)
-    ok = latest_ok_timing(rows)
+    ok = latest_ok_timing_keyed(rows)
     frames = []
     if not ok.empty:
         frames.append(ok[list(GROUP_KEYS) + ["cp", "N_tokens", "peak_mem (GiB)"]]
-                      .rename(columns={"N_tokens": "N", "peak_mem (GiB)": "peak_gib"}))
+                      .rename(columns={"N_tokens": "N", "peak_mem (GiB)": "peak_gib"}).assign(lean=False))
     if not points.empty:
         fit = points[points["fits"]]
-        frames.append(fit[list(GROUP_KEYS) + ["cp", "N", "peak_alloc_gib"]].rename(columns={"peak_alloc_gib": "peak_gib"}))
+        lean = fit["lean"].fillna(False).astype(bool) if "lean" in fit else False
+        frames.append(fit[list(GROUP_KEYS) + ["cp", "N", "peak_alloc_gib"]].rename(columns={"peak_alloc_gib": "peak_gib"})
+                      .assign(lean=lean))
     if not frames:
         return pd.DataFrame(columns=cols)
     out = pd.concat(frames, ignore_index=True)
@@ -263,13 +310,17 @@ def _answer(n: int, key: tuple, mem: pd.DataFrame, timing: pd.DataFrame, gpu_gib
     peak = Figure(None, "none")
     memfit: MemoryFit | None = None
     if not mem.empty:
+        at_n = [float(p) for v, p in zip(mem["N"], mem["peak_gib"]) if int(v) == n]  # lean or not
+        lean = mem[mem["lean"].astype(bool)] if "lean" in mem else mem.iloc[:0]
+        if lean["N"].nunique() >= MIN_LEAN_POINTS:  # the probe's lean points alone (module docstring)
+            mem = lean
         ns = [int(v) for v in mem["N"]]
         peaks = [float(v) for v in mem["peak_gib"]]
         memfit = fit_peak_memory(ns, peaks, cp=cp)
         rng = (min(ns), max(ns))
-        at_n = [p for v, p in zip(ns, peaks) if v == n]
         peak = Figure(max(at_n), "measured") if at_n else \
-            Figure(memfit.predict_gib(n), _source(n, rng), rng, len(ns), memfit.describe())
+            _fitted(Figure(memfit.predict_gib(n), _source(n, rng), rng, len(ns), memfit.describe()),
+                    memfit.max_rel_residual)
     answer = Answer(model=key[0], workflow=key[1], config=_group_label(key), kernels=key[3], dtype=key[4], cp=cp,
                     peak_gib=peak, memory_model=memfit.describe() if memfit else "")
     if peak.value is not None:
@@ -316,23 +367,26 @@ def _time_answer(n: int, answer: Answer, timing: pd.DataFrame) -> None:
         if samp_fit:
             answer.sampling_ms = Figure(samp_fit.predict(n), _source(n, rng), rng, len(ns))
         predicted = (trunk_fit.predict(n) + samp_fit.predict(n)) if trunk_fit and samp_fit else None
+        residual = max(trunk_fit.max_rel_residual, samp_fit.max_rel_residual) if trunk_fit and samp_fit else None
     else:
         fit = fit_powers(ns, total, (3, 2, 0))
         answer.time_model = f"step {fit.describe()}" if fit else ""
         predicted = fit.predict(n) if fit else None
+        residual = fit.max_rel_residual if fit else None
     if at_n:
         answer.time_ms = Figure(float(np.median([total[i] for i in at_n])), "measured")
     elif predicted is not None:
-        answer.time_ms = Figure(predicted, _source(n, rng), rng, len(ns))
+        answer.time_ms = _fitted(Figure(predicted, _source(n, rng), rng, len(ns)), residual)
     if energy is not None and energy.notna().any():
         e_ns = [(v, float(e), t) for v, e, t in zip(ns, energy, total) if e == e and e is not None]
         at = [e for v, e, _ in e_ns if v == n]
         if at:
             answer.energy_j = Figure(at[0], "measured")
         elif answer.time_ms is not None and answer.time_ms.value:
-            v_max, e_max, t_max = max(e_ns)
-            power_w = e_max / (t_max / 1e3)
-            answer.energy_j = Figure(power_w * answer.time_ms.value / 1e3, _source(n, rng), (v_max, v_max), 1)
+            power = pd.Series([e / (t / 1e3) for _, e, t in e_ns], index=[v for v, _, _ in e_ns]).groupby(level=0).mean()
+            power_w = float(np.interp(n, power.index.to_numpy(dtype=float), power.to_numpy()))
+            e_rng = (int(power.index.min()), int(power.index.max()))
+            answer.energy_j = Figure(power_w * answer.time_ms.value / 1e3, _source(n, e_rng), e_rng, len(e_ns))
 
 
 # ---------------------------------------------------------------------------------------------

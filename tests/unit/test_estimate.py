@@ -148,3 +148,73 @@ def test_the_shipped_large_complex_has_more_than_5000_tokens():
 
     sizes = resolve_input_sizes({"inputs": "hemoglobin_9x.yaml", "ccd": None})
     assert (sizes.N, sizes.N_atoms, sizes.S) == (5166, 39420, 1)
+
+
+def probe_record(points: list[tuple[int, float, bool]], max_n: int, cp: int = 1) -> dict:
+    """A probe over ``(N, peak GiB, lean)`` points that all fit."""
+    return {
+        "routine": "probe", "status": "ok", "signature": f"probe{len(points)}", "max_n": max_n,
+        "first_fail_n": None, "strategy": "predict",
+        "points": [{"N": n, "fits": True, "status": "ok", "lean": lean, "peak_alloc_gib": [peak] * cp}
+                   for n, peak, lean in points],
+        "point": {"workflow": "inference", "topology": "1d", "cp": cp, "mesh_shape": [cp], "N": points[0][0],
+                  "N_atoms": 8 * points[0][0], "S": 1, "dtype": "fp32", "device": "cuda",
+                  "model": {"name": "toy", "sampling": False}},
+        "env": {"device": "cuda", "gpu_memory_gib": 80.0, "date": "2026-12-01T00:00:00"},
+    }
+
+
+def test_a_probes_lean_points_alone_make_the_peak_fit(tmp_path):
+    # lean (irreducible) peaks: 1e-5 N² + 1 GiB; the normal points carry a chunk budget of ~10 GiB on top
+    lean = [(n, 1e-5 * n * n + 1, True) for n in (1024, 2048, 4096)]
+    normal = [(n, 1e-5 * n * n + 1 + 10, False) for n in (512, 1024, 3072)]
+    results = write_results(tmp_path / "r", [probe_record(lean + normal + [(6144, 1e-5 * 6144**2 + 1.5, False)], 6144)])
+    answer = json.loads(run_estimate(str(fasta(tmp_path / "in.fasta", 5000)), "--from", str(results),
+                                     "--json").stdout)["answers"][0]
+    assert answer["peak_gib"]["value"] == pytest.approx(1e-5 * 5000**2 + 1, rel=1e-3)
+    assert answer["peak_gib"]["n_range"] == [1024, 4096] and answer["peak_gib"]["n_points"] == 3
+    assert answer["peak_gib"]["source"] == "extrapolated"
+
+
+def test_the_same_n_under_two_kernel_backends_is_two_points(tmp_path):
+    records = []
+    for kernels, ms, date in (("flex", 100.0, "2026-12-01T00:00:00"), ("torch", 200.0, "2026-12-01T01:00:00")):
+        for n in (512, 1024):
+            rec = timing_record(n, 1e-5 * n * n + 1, ms * (n / 512) ** 3)
+            rec["stats"]["kernels"] = kernels
+            rec["env"]["date"] = date  # the torch runs are the later ones
+            records.append(rec)
+    results = write_results(tmp_path / "r", records)
+    answers = json.loads(run_estimate(str(fasta(tmp_path / "in.fasta", 1024)), "--from", str(results),
+                                      "--json").stdout)["answers"]
+    by_kernels = {a["kernels"]: a for a in answers}
+    assert set(by_kernels) == {"flex", "torch"}
+    assert by_kernels["flex"]["time_ms"] == {**by_kernels["flex"]["time_ms"], "value": 800.0, "source": "measured"}
+    assert by_kernels["torch"]["time_ms"]["value"] == 1600.0
+
+
+def test_a_poor_peak_fit_is_flagged_in_the_table_and_the_json_keeps_its_keys(tmp_path):
+    # free-memory budgets: the peak jumps between 1,024 and 2,048, no non-negative quadratic follows it
+    peaks = {512: 1.0, 1024: 1.2, 2048: 40.0, 4096: 41.0}
+    results = write_results(tmp_path / "r", [timing_record(n, p, 10.0 * n) for n, p in peaks.items()])
+    text = run_estimate(str(fasta(tmp_path / "in.fasta", 700)), "--from", str(results))
+    assert text.returncode == 0, text.stderr
+    row = next(line for line in text.stdout.splitlines() if line.startswith("| toy"))
+    assert "poor fit: max residual" in row.split(" | ")[3]
+    answer = json.loads(run_estimate(str(fasta(tmp_path / "in.fasta", 700)), "--from", str(results),
+                                     "--json").stdout)["answers"][0]
+    assert set(answer["peak_gib"]) == {"value", "source", "n_range", "n_points", "model"}
+    good = quadratic_results(tmp_path / "good")
+    assert "poor fit" not in run_estimate(str(fasta(tmp_path / "in.fasta", 700)), "--from", str(good)).stdout
+
+
+def test_energy_uses_the_power_measured_near_the_inputs_n(tmp_path):
+    # 200 W at N=512, 600 W at N=2,048 (energy = power × step time)
+    results = write_results(tmp_path / "r", [
+        timing_record(n, 1e-5 * n * n + 1, ms, energy=[watts * ms / 1e3])
+        for n, ms, watts in ((512, 500.0, 200.0), (1024, 2000.0, 300.0), (2048, 8000.0, 600.0))])
+    answer = json.loads(run_estimate(str(fasta(tmp_path / "in.fasta", 600)), "--from", str(results),
+                                     "--json").stdout)["answers"][0]
+    watts = 200.0 + (600 - 512) / (1024 - 512) * 100.0
+    assert answer["energy_j"]["value"] == pytest.approx(watts * answer["time_ms"]["value"] / 1e3, rel=1e-6)
+    assert answer["energy_j"]["source"] == "predicted" and answer["energy_j"]["n_range"] == [512, 2048]
