@@ -8,9 +8,11 @@ None, or returns the reason it was skipped (data absent) without writing anythin
 * ``walltime``: median walltime vs N on log axes, with the fitted exponent per CP config;
 * ``memory``: per-rank peak memory vs N with the fitted a·N² + b·N + c per CP config;
 * ``comm``: the communication share of the step per CP config;
-* ``stage_peak``: per-stage peak allocated memory (``stats.stage_peak_gib``) per timing point, one
-  bar per stage side by side (stage peaks overlap -- the trunk's includes the nested embedding's
-  -- so they are not stacked: a stack would add what is the same memory).
+* ``stage_peak``: per-stage peak allocated memory (``stats.stage_peak_gib``) per timing point and
+  per probe's point at max N, one stacked bar per point: its stages in the order of their peaks,
+  each segment how far that stage's peak rises above the next lower one. Stage peaks nest (the
+  trunk's includes the embedding's), so the bar's height is the point's peak and its top segment
+  names the stage that sets it (for a probe: the stage that sets the max N).
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from typing import Callable
 import matplotlib
 
 matplotlib.use("Agg")  # files only: benchmarks run on headless nodes
+import matplotlib.patches  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from cpbench.report.analysis import best_fit_per_cp, latest_ok_timing, memory_points, walltime_exponent  # noqa: E402
+from cpbench.report.analysis import best_fit, best_fit_per_cp, latest_ok_timing, memory_points, walltime_exponent  # noqa: E402
 from cpbench.report.memory_model import fit_peak_memory  # noqa: E402
 from cpbench.report.readout import is_lower_bound  # noqa: E402
 from cpbench.report.rows import STAGE_PEAK_PREFIX  # noqa: E402
@@ -171,24 +174,34 @@ def plot_comm_share(rows: pd.DataFrame, path: Path) -> str | None:
 
 
 def plot_stage_peak(rows: pd.DataFrame, path: Path) -> str | None:
-    """Per-stage peak allocated memory per timing point (latest of each), a bar per stage."""
-    ok = latest_ok_timing(rows)
-    stages = [c for c in ok.columns if c.startswith(STAGE_PEAK_PREFIX)] if not ok.empty else []
+    """Per-stage peak allocated memory per point (see the module docstring): the latest of each
+    timing point and each configuration's max-N point, a stacked bar of sorted increments each."""
+    skipped = "no result carries per-stage peak memory (adapter stats stage_peak_gib, CUDA only)"
+    fits = rows[(rows["row"] == "max-fit") & rows["N_tokens"].notna()] if not rows.empty else rows
+    fits = (pd.concat([best_fit(grp) for _, grp in fits.groupby(["model", "workflow", "CP config"])])
+            if not fits.empty else fits)
+    data = pd.concat([frame for frame in (latest_ok_timing(rows), fits) if not frame.empty] or [rows.iloc[0:0]])
+    stages = [c for c in data.columns if c.startswith(STAGE_PEAK_PREFIX)]
     if not stages:
-        return "no result carries per-stage peak memory (adapter stats stage_peak_gib, CUDA only)"
-    data = ok[ok[stages].notna().any(axis=1)].sort_values(["model", "workflow", "CP config", "N_tokens"])
-    labels = [f"{r['workflow']}\n{r['CP config']}\nN={int(r['N_tokens'])}" for _, r in data.iterrows()]
-    width = 0.8 / len(stages)
+        return skipped
+    data = data[data[stages].notna().any(axis=1)].sort_values(["model", "workflow", "CP config", "row", "N_tokens"])
+    if data.empty:
+        return skipped
+    colors = {col: f"C{j % 10}" for j, col in enumerate(stages)}
     fig, ax = plt.subplots(figsize=(max(6.4, 0.9 * len(data) + 2), 4.4))
-    for j, col in enumerate(stages):
-        values = data[col].astype(float).to_numpy()
-        ax.bar(np.arange(len(data)) + (j - (len(stages) - 1) / 2) * width, np.nan_to_num(values), width,
-               color=f"C{j % 10}", label=col[len(STAGE_PEAK_PREFIX):])
+    for i, (_, r) in enumerate(data.iterrows()):
+        bottom = 0.0
+        for gib, col in sorted((float(r[c]), c) for c in stages if pd.notna(r[c])):
+            ax.bar(i, gib - bottom, 0.6, bottom=bottom, color=colors[col])
+            bottom = gib
+    labels = [f"{r['workflow']}\n{r['CP config']}\n{'max N' if r['row'] == 'max-fit' else 'N'}={int(r['N_tokens'])}"
+              for _, r in data.iterrows()]
     ax.set_xticks(range(len(data)), labels, fontsize=7)
-    ax.set_ylabel("per-stage peak allocated (GiB, rank 0)")
-    ax.set_title("Peak memory per stage")
+    ax.set_ylabel("peak allocated (GiB, largest rank); segment: rise of that stage's peak")
+    ax.set_title("Peak memory per stage (top segment: the stage that sets the peak)")
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    handles = [matplotlib.patches.Patch(color=colors[c], label=c[len(STAGE_PEAK_PREFIX):]) for c in stages]
+    ax.legend(handles=handles, fontsize=8)
     _save(fig, path)
     return None
 

@@ -164,6 +164,9 @@ def _probe_fields(rec: dict, point: dict, config: dict) -> dict[str, Any]:
         "points_tried": len(rec.get("points") or []),
         "lower_bound": lower_bound_reason(rec), "timeout_n": timed_out_at(rec),
         "strategy": rec.get("strategy"), "predicted_max_n": rec.get("predicted_max_n"),
+        # which stage set the max N: the stage peaks of the point at max N, where recorded
+        **{STAGE_PEAK_PREFIX + str(stage): gib for stage, gib in
+           ((at_max[-1].get("stage_peak_gib") or {}) if at_max else {}).items()},
     }
 
 

@@ -26,8 +26,10 @@ in ``<sweep dir>/probes/<signature>/`` (a single run: ``<run dir>/probes/<signat
       "points": [{"N": 512, "fits": true, "status": "ok", "message": "",
                   "lean": false,             # true: run as run_step(..., lean=True) (below)
                   "peak_alloc_gib": [..per rank..], "peak_reserved_gib": [..], "seconds": 3.1,
-                  "step_s": 1.2, "compile_s": 0.4}],   # the step and its compiling (slowest
+                  "step_s": 1.2, "compile_s": 0.4,     # the step and its compiling (slowest
                                                        # rank); absent when a rank did not finish
+                  "stage_peak_gib": {"embedding": .., "trunk": ..}}],  # per stage, largest over
+                                                       # ranks, where the adapter reports them
       "strategy": "bisect" | "predict",      # probe.strategy as resolved
       "predicted_max_n": 12416,              # predict: where the fitted peak meets the memory; else null
       "prediction": {"capacity_gib": 140.4, "capacity_source": "memory.limit_gib" | "gpu_memory_gib",

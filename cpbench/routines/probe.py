@@ -381,13 +381,23 @@ class Probe:
 
 def _step_seconds(result) -> dict:
     """``step_s`` (the step itself, slowest rank) and ``compile_s`` (``torch.compile`` inside it,
-    slowest rank; 0 when the adapter reports none) of a point whose ranks all finished; {} else.
-    ``seconds`` minus ``step_s`` is the point's start-up: worker processes, model and batch."""
+    slowest rank; 0 when the adapter reports none) of a point whose ranks all finished, and
+    ``stage_peak_gib`` (per stage, the largest over ranks) where the adapter reports stage peaks;
+    {} else. ``seconds`` minus ``step_s`` is the point's start-up: worker processes, model and batch."""
     steps = [(r.get("times_ms") or [None])[-1] for r in result.ranks]
     if not steps or any(t is None for t in steps):
         return {}
-    compile_s = [float((r.get("stats") or {}).get("compile_s") or 0.0) for r in result.ranks]
-    return {"step_s": round(max(steps) / 1e3, 3), "compile_s": round(max(compile_s), 3)}
+    stats = [r.get("stats") or {} for r in result.ranks]
+    out = {"step_s": round(max(steps) / 1e3, 3),
+           "compile_s": round(max(float(s.get("compile_s") or 0.0) for s in stats), 3)}
+    stage_peaks: dict[str, float] = {}
+    for s in stats:
+        for stage, gib in (s.get("stage_peak_gib") or {}).items():
+            if gib is not None:
+                stage_peaks[stage] = round(max(stage_peaks.get(stage, 0.0), float(gib)), 4)
+    if stage_peaks:
+        out["stage_peak_gib"] = stage_peaks
+    return out
 
 
 def _round_gib(gib: float) -> str:

@@ -47,11 +47,11 @@ def test_inference_workflow_samples_200_steps_of_5_samples_by_default():
     assert (boltz2["diffusion"]["blocks"], boltz2["diffusion"]["heads"], boltz2["diffusion"]["c_token"]) == (24, 16, 768)
 
 
-def test_inference_step_reports_embedding_trunk_and_sampling_times():
+def test_inference_step_reports_embedding_msa_trunk_and_sampling_times():
     adapter, model, calls = _step(sampling=True, steps=3)
     stage_ms = adapter.stats()["stage_ms"]
-    assert {"embedding", "trunk", "sampling"} <= set(stage_ms)
-    assert all(stage_ms[k] > 0 for k in ("embedding", "trunk", "sampling")), stage_ms
+    assert {"embedding", "msa", "trunk", "sampling"} <= set(stage_ms)  # TINY has an MSA module
+    assert all(stage_ms[k] > 0 for k in ("embedding", "msa", "trunk", "sampling")), stage_ms
     assert calls == {"denoiser": 3, "token_blocks": 3 * DIFFUSION["blocks"]}
 
 

@@ -103,3 +103,27 @@ def test_gpu_energy_reads_nvml_in_joules_and_is_none_without_it(monkeypatch):
     assert energy.gpu_energy_j(0) is None
     monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
     assert energy.gpu_energy_j(0) is None
+
+
+def test_a_probe_point_keeps_each_stage_peak_largest_over_ranks_and_its_max_n_row_shows_them(tmp_path):
+    from pathlib import Path
+
+    from cpbench.harness.runner import PointResult
+    from cpbench.report.rows import result_rows
+    from cpbench.routines.probe import _step_seconds
+
+    ranks = [{"times_ms": [1500.0], "stats": {"compile_s": 0.5, "stage_peak_gib": {"embedding": 1.0, "trunk": 7.0}}},
+             {"times_ms": [2000.0], "stats": {"compile_s": 0.2, "stage_peak_gib": {"embedding": 1.5, "trunk": 6.0}}}]
+    point = _step_seconds(PointResult("ok", "", ranks))
+    assert point == {"step_s": 2.0, "compile_s": 0.5, "stage_peak_gib": {"embedding": 1.5, "trunk": 7.0}}
+    assert _step_seconds(PointResult("timeout", "", [{"times_ms": []}, ranks[1]])) == {}  # a rank did not finish
+
+    record = {"routine": "probe", "status": "ok", "max_n": 512, "first_fail_n": 640, "first_fail_status": "oom",
+              "point": {"workflow": "inference", "topology": "1d", "cp": 2, "mesh_shape": [2], "N": 64, "S": 1,
+                        "dtype": "bf16", "device": "cuda", "model": {"name": "m"}},
+              "points": [{"N": 512, "fits": True, "status": "ok", "peak_alloc_gib": [7.0, 6.0], **point},
+                         {"N": 640, "fits": False, "status": "oom", "peak_alloc_gib": [None, None]}]}
+    rows = result_rows([(Path(tmp_path / "r.json"), record)], Path(tmp_path))
+    (fit,) = [r for _, r in rows.iterrows() if r["row"] == "max-fit"]
+    assert (fit[STAGE_PEAK_PREFIX + "trunk"], fit[STAGE_PEAK_PREFIX + "embedding"]) == (7.0, 1.5)
+    assert plot_stage_peak(rows, tmp_path / "p.png") is None and (tmp_path / "p.png").exists()

@@ -168,9 +168,10 @@ class PairformerAdapter:
             local_loss = trunk_loss(s, z, batch["token_mask"], layout)
         forward_end_s = now_s(z)
         del s, z
-        with timer.stage("backward_optimizer"):
+        with timer.stage("backward"):  # stage peaks only, as above
             local_loss.backward()
             all_reduce_grads(model, layout)
+        with timer.stage("optimizer"):
             model.optimizer.step()
         loss = comm.all_reduce_(local_loss.detach().clone(), layout)
         self._record(model, start_s, forward_end_s, now_s(loss), peaks=timer.peaks_gib())
@@ -178,9 +179,9 @@ class PairformerAdapter:
 
     def _record(self, model: PairformerTrunk, start_s: float, forward_end_s: float, end_s: float | None,
                 timer: StageTimer | None = None, peaks: dict[str, float] | None = None) -> None:
-        if timer is not None:  # inference: embedding, trunk (blocks + recycling), sampling
+        if timer is not None:  # inference: embedding, msa, trunk (blocks + recycling), sampling
             stage_ms = timer.ms()
-            stage_ms["trunk"] = stage_ms["trunk"] - stage_ms.setdefault("embedding", 0.0)
+            stage_ms["trunk"] = stage_ms["trunk"] - stage_ms.setdefault("embedding", 0.0) - stage_ms.get("msa", 0.0)
         else:
             stage_ms = {"forward": (forward_end_s - start_s) * 1e3}
         if end_s is not None:
@@ -201,15 +202,17 @@ class PairformerAdapter:
             self._stats["attention_lse_kernel"] = sdpa_lse.kernel_in_use()
 
     def stats(self) -> dict[str, Any]:
-        """Measurements of the last step: ``stage_ms`` (inference: embedding, trunk, sampling
-        with ``workflow.sampling``; training: forward, backward_optimizer; both: block_mean),
+        """Measurements of the last step: ``stage_ms`` (inference: embedding, msa with an MSA
+        module, trunk -- the blocks and recycling alone --, sampling with ``workflow.sampling``;
+        training: forward, backward_optimizer; both: block_mean),
         ``comm_bytes_per_block`` (bytes this rank sent in one block's forward) and
         ``comm_bytes_step`` (the whole step, backward and gradient all-reduce included); on CUDA,
         where attention pieces were merged (2d), ``attention_lse_kernel`` (``cudnn`` or
         ``efficient``, see ``sdpa_lse``); ``kernels`` (the backend that ran: ``torch``, ``flex`` or
         ``cueq``) and ``compile_s`` (wall seconds of ``torch.compile`` in this process so far: the
         first calls, which the timing's warmup absorbs); on CUDA ``stage_peak_gib`` (peak
-        allocated GiB per stage: embedding, trunk -- which includes its nested embedding --
-        sampling; training: forward, backward_optimizer; ``StageTimer.peaks_gib``)."""
+        allocated GiB per stage: embedding, msa, trunk -- which includes its nested embedding
+        and msa --, sampling; training: forward, backward (with the gradient all-reduce),
+        optimizer; ``StageTimer.peaks_gib``)."""
         return dict(self._stats)
 

@@ -73,7 +73,7 @@ class PairformerTrunk(nn.Module):
                 checkpointed inside the block's recompute, so backward holds one op's
                 activations at a time.
             timer: times the input embedding (``s_inputs`` and each cycle's pair init) as its
-                ``embedding`` stage.
+                ``embedding`` stage and the MSA module as its ``msa`` stage.
         Returns:
             ``s: [N/P, c_s]``, ``z: [N/P, N, c_z]``. ``self.s_inputs`` (``[N, c_s]``, detached)
             keeps the token features for the diffusion module's conditioning.
@@ -95,7 +95,8 @@ class PairformerTrunk(nn.Module):
                 with maybe_stage(timer, "embedding"):
                     s, z = self._recycle(s_inputs, feats, rows, s.detach(), z.detach() if grad else z, cols)
                 if self.msa_module is not None:
-                    z = self.msa_module(feats, s_inputs, z, layout, run_blocks, checkpointing)
+                    with maybe_stage(timer, "msa"):
+                        z = self.msa_module(feats, s_inputs, z, layout, run_blocks, checkpointing)
                 self.block_comm_bytes, self.block_ms = [], []
                 for block in blocks:
                     sent_b, start_s = comm.BYTES.sent_b, now_s(z)
