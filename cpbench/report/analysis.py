@@ -25,6 +25,15 @@ def walltime_exponent(n_tokens, walltime_ms) -> float | None:
 
 
 TIMING_POINT = ["model", "workflow", "CP config", "N_tokens"]
+# A timing series: the points of one walltime curve. The kernel backend is part of it (call fr ran
+# the same point under flex and torch: neither replaces the other).
+TIMING_SERIES = ["model", "workflow", "CP config", "kernels"]
+
+
+def _with_kernels(frame: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, list[str]]:
+    """``frame`` with a ``kernels`` column ("" where unknown) and ``keys`` plus it."""
+    kernels = frame["kernels"].fillna("") if "kernels" in frame else ""
+    return frame.assign(kernels=kernels), [*keys, "kernels"]
 
 
 def ok_timing(rows: pd.DataFrame) -> pd.DataFrame:
@@ -35,19 +44,20 @@ def ok_timing(rows: pd.DataFrame) -> pd.DataFrame:
 
 def latest_ok_timing(rows: pd.DataFrame) -> pd.DataFrame:
     """The ok timing rows, the latest (by ``date``) of each point (model, workflow, CP config,
-    N) measured more than once: a rerun after a code change replaces the older figure in the
-    plots and the readout, instead of being averaged with it (the table keeps every row)."""
-    ok = ok_timing(rows)
+    N, kernel backend) measured more than once: a rerun after a code change replaces the older
+    figure in the plots and the readout, instead of being averaged with it (the table keeps every
+    row); the same point under another backend is another point. ``kernels`` is "" where unknown."""
+    ok, keys = _with_kernels(ok_timing(rows), TIMING_POINT)
     if "date" not in ok:
         return ok
     order = ok.assign(_date=ok["date"].fillna("")).sort_values("_date", kind="stable")
-    return order.drop_duplicates(TIMING_POINT, keep="last").drop(columns="_date").sort_index()
+    return order.drop_duplicates(keys, keep="last").drop(columns="_date").sort_index()
 
 
 def repeated_timing_points(rows: pd.DataFrame) -> int:
     """How many timing points have more than one ok row (``latest_ok_timing`` keeps one of each)."""
-    ok = ok_timing(rows)
-    return 0 if ok.empty else int((ok.groupby(TIMING_POINT).size() > 1).sum())
+    ok, keys = _with_kernels(ok_timing(rows), TIMING_POINT)
+    return 0 if ok.empty else int((ok.groupby(keys).size() > 1).sum())
 
 
 def best_fit(fits: pd.DataFrame) -> pd.DataFrame:

@@ -29,7 +29,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from cpbench.report.analysis import best_fit, best_fit_per_cp, latest_ok_timing, memory_points, walltime_exponent  # noqa: E402
+from cpbench.report.analysis import (  # noqa: E402
+    TIMING_SERIES,
+    best_fit,
+    best_fit_per_cp,
+    latest_ok_timing,
+    memory_points,
+    walltime_exponent,
+)
 from cpbench.report.memory_model import fit_peak_memory  # noqa: E402
 from cpbench.report.readout import is_lower_bound  # noqa: E402
 from cpbench.report.rows import STAGE_PEAK_PREFIX  # noqa: E402
@@ -37,7 +44,7 @@ from cpbench.report.rows import STAGE_PEAK_PREFIX  # noqa: E402
 
 def _series_label(keys: tuple, with_model: bool) -> str:
     model, *rest = keys
-    return " ".join(([str(model)] if with_model else []) + [str(k) for k in rest])
+    return " ".join(([str(model)] if with_model else []) + [str(k) for k in rest if str(k)])
 
 
 def _finish(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> None:
@@ -116,13 +123,16 @@ def _max_n_series(ax, best: pd.DataFrame, color: str, label: str, shift: float =
 
 
 def plot_walltime(rows: pd.DataFrame, path: Path) -> str | None:
-    """Median walltime vs N (log-log) per (model, workflow, CP config), fitted exponent in the legend."""
+    """Median walltime vs N (log-log) per (model, workflow, CP config, kernel backend), fitted
+    exponent in the legend (the backend named where several ran)."""
     ok = latest_ok_timing(rows)
-    groups = [(k, g) for k, g in ok.groupby(["model", "workflow", "CP config"], sort=True)
+    groups = [(k, g) for k, g in ok.groupby(TIMING_SERIES, sort=True)
               if g["N_tokens"].nunique() >= 2] if not ok.empty else []
     if not groups:
         return "needs ok timing results at 2 or more N for one CP config"
     with_model = ok["model"].nunique() > 1
+    if ok["kernels"].nunique() <= 1:  # name the backend only where several ran
+        groups = [(keys[:-1], grp) for keys, grp in groups]
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for i, (keys, grp) in enumerate(groups):
         grp = grp.sort_values("N_tokens")

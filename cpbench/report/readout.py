@@ -106,9 +106,11 @@ def walltime_sentences(rows: pd.DataFrame) -> list[str]:
     if ok.empty:
         return []
     out = []
-    with_model = ok["model"].nunique() > 1
-    for (model, workflow), grp in ok.groupby(["model", "workflow"], sort=True):
+    with_model, with_kernels = ok["model"].nunique() > 1, ok["kernels"].nunique() > 1
+    for (model, workflow, kernels), grp in ok.groupby(["model", "workflow", "kernels"], sort=True):
         what = f"{workflow}, {model}" if with_model else workflow
+        if with_kernels:  # the same points under several backends: a sentence per backend
+            what += f", kernels={kernels or 'unknown'}"
         exps = []
         for cfg, g in grp.groupby("CP config", sort=True):
             k = walltime_exponent(g["N_tokens"].astype(float), g["walltime (ms)"].astype(float))

@@ -251,6 +251,26 @@ def test_a_rerun_timing_point_replaces_the_older_one_instead_of_averaging_with_i
     assert "1 timing point was measured more than once" in text, text
 
 
+def test_the_same_point_under_another_kernel_backend_is_another_point(tmp_path):
+    """Call fr timed N=512 and 2,048 under flex, then under torch: the later torch rows must not
+    replace the flex ones in the readout and the walltime plot."""
+    from cpbench.report.analysis import latest_ok_timing
+    from cpbench.report.plots import plot_walltime
+    from cpbench.report.readout import walltime_sentences
+
+    rows = pd.DataFrame([
+        {"row": "timing", "status": "ok", "model": "m", "workflow": "inference", "cp": 1, "CP config": "1d cp=1",
+         "N_tokens": n, "walltime (ms)": ms, "kernels": kernels, "date": date}
+        for n, kernels, ms, date in ((512, "flex", 848.2, "2026-12-01T10:50:00"),
+                                     (2048, "flex", 6405.0, "2026-12-01T10:49:00"),
+                                     (512, "torch", 656.8, "2026-12-01T10:52:00"),
+                                     (2048, "torch", 12836.6, "2026-12-01T10:51:00"))])
+    assert len(latest_ok_timing(rows)) == 4
+    text = " ".join(walltime_sentences(rows))
+    assert "kernels=flex" in text and "kernels=torch" in text and "more than once" not in text, text
+    assert plot_walltime(rows, tmp_path / "w.png") is None
+
+
 def test_a_topology_without_a_cp1_probe_is_compared_against_another_topologys_cp1():
     from cpbench.report.readout import max_n_sentences
 
