@@ -39,6 +39,12 @@ class MemoryFit:
     n_points: int
     max_rel_residual: float   # worst |fit - measured| / measured over the fitted points
 
+    @property
+    def terms(self) -> int:
+        """How many coefficients the fit chose (the terms of its ``form``): with as many points
+        as terms it passes through every point, so its residual says nothing."""
+        return self.form.count("+") + 1
+
     def predict_gib(self, n_tokens: float, cp: int | None = None) -> float:
         """Predicted per-rank peak (GiB) at ``n_tokens`` and CP size ``cp`` (default: the fit's)."""
         scale = self.cp / (cp or self.cp)

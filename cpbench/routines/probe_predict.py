@@ -91,13 +91,14 @@ def predict_max_n(points: list[dict], capacity: tuple[float | None, str | None],
 def bracket_ends(predicted: int, granularity: int, unit: int, fit: MemoryFit | None = None) -> tuple[int, int]:
     """(lower end, upper end) of the first bracket, on multiples of ``unit`` (lower end >= unit).
 
-    A tight fit (every fitted point within ``TIGHT_FIT_RESIDUAL``) gives one granularity step
+    A tight fit (more points than terms, and every fitted point within ``TIGHT_FIT_RESIDUAL``:
+    three points through three terms fit exactly whatever the peaks) gives one granularity step
     centred on the prediction: when both ends agree the search is done in two points, and
     neither end sits at the predicted edge itself, where a re-run can land on either side (on a
     CPU, resident-set noise made such a max N fit once and fail once). Otherwise
     ±``BRACKET_FRACTION`` of the prediction, at least one granularity step each side.
     """
-    if fit is not None and fit.max_rel_residual <= TIGHT_FIT_RESIDUAL:
+    if fit is not None and fit.n_points > fit.terms and fit.max_rel_residual <= TIGHT_FIT_RESIDUAL:
         low = max(unit, (predicted - granularity // 2) // unit * unit)
         return low, low + -(-granularity // unit) * unit
     half = max(granularity, int(predicted * BRACKET_FRACTION))

@@ -48,3 +48,25 @@ def test_a_probe_stopped_by_its_limits_continues_under_larger_ones(tmp_path):
     record = json.loads((tmp_path / "run" / "result.json").read_text())
     assert record["points"][:2] == capped["points"]  # replayed, not measured again
     assert len(record["points"]) > 2 and record["first_fail_status"] == "oom" and record["lower_bound"] is None
+
+
+def test_the_reference_trunk_gets_the_same_max_n_from_predict_as_from_bisect_in_fewer_points(tmp_path):
+    """#18 on the CPU: the tiny reference trunk (trunk only, resident-set peaks) under a
+    0.125 GiB cap, probed from N=256 with growth 1.5 by both strategies. Predict fits its three
+    ramp points and brackets the limit; its max N is bisect's within the granularity."""
+    base = ["routine=probe", "device=cpu", "model=tiny", "cp=1", "S=8", "atoms_per_token=2", "model.msa_blocks=0",
+            "workflow.sampling=false", "workflow.recycles=0", "memory.limit_gib=0.125", "probe.start=256",
+            "probe.growth=1.5", "probe.granularity=64", "probe.verify=false", "probe.timeout_s=120"]
+    records = {}
+    for strategy in ("bisect", "predict"):
+        proc = run_cpbench([*base, f"probe.strategy={strategy}", f"hydra.run.dir={strategy}"], cwd=tmp_path,
+                           timeout_s=400)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        records[strategy] = record = json.loads((tmp_path / strategy / "result.json").read_text())
+        assert record["status"] == "ok" and record["first_fail_status"] == "oom", record["message"]
+        assert record["first_fail_n"] - record["max_n"] <= 64 and record["timed_out_n"] == []
+    bisect, predict = records["bisect"], records["predict"]
+    assert predict["strategy"] == "predict" and predict["prediction"]["fallback"] is None
+    assert abs(predict["max_n"] - bisect["max_n"]) <= 64, (predict["max_n"], bisect["max_n"])
+    assert len(predict["points"]) < len(bisect["points"]), ([p["N"] for p in predict["points"]],
+                                                            [p["N"] for p in bisect["points"]])

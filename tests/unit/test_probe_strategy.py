@@ -186,14 +186,19 @@ def test_probe_strategy_and_verify_resolve_per_device():
             _probe_settings(base | {key: value}, "cpu", 1, False, {})
 
 
+def pair_gib(n: int) -> float:
+    """The reference trunk's irreducible memory on one H200: pair tensors and constants (a·N²+c)."""
+    return 2e-7 * n * n + 0.5
+
+
 class LeanRuleRunner(RuleRunner):
     """Like the reference trunk: a normal step's chunk transients take a tenth of the device or
-    40 % of what its irreducible memory ``quadratic_gib(N)`` leaves free, whichever is less (a
-    peak a quadratic fit of small N extrapolates wrongly); a lean step (``task.lean``) peaks at
-    the irreducible memory."""
+    40 % of what its irreducible memory ``pair_gib(N)`` leaves free, whichever is less (a peak a
+    quadratic fit of small N extrapolates wrongly); a lean step (``task.lean``) peaks at the
+    irreducible memory."""
 
     def __init__(self):
-        super().__init__(peak_gib=quadratic_gib)
+        super().__init__(peak_gib=pair_gib)
         self.lean_calls: list[int] = []
 
     def run(self, task) -> PointResult:
@@ -201,7 +206,7 @@ class LeanRuleRunner(RuleRunner):
         if task.lean:
             self.lean_calls.append(task.N)
         elif result.status == "ok":
-            peak = quadratic_gib(task.N) + min(0.1 * self.cap_gib, 0.4 * (self.cap_gib - quadratic_gib(task.N)))
+            peak = pair_gib(task.N) + min(0.1 * self.cap_gib, 0.4 * (self.cap_gib - pair_gib(task.N)))
             result.ranks = [r | {"peak_alloc_gib": peak, "peak_reserved_gib": peak} for r in result.ranks]
         return result
 
@@ -210,7 +215,7 @@ def test_predict_fits_lean_points_and_brackets_the_max_n_in_two_points():
     settings = dict(start=512, granularity=128)
     runner = LeanRuleRunner()
     out = Probe(probe_point(strategy="predict", **settings), runner, None, "sig", lean_fit=True).run()
-    exact = true_max_n()
+    exact = true_max_n(pair_gib)
     assert runner.lean_calls == [512, 1024, 2048] and [p["lean"] for p in out["points"][:3]] == [True] * 3
     assert all(not p["lean"] for p in out["points"][3:])
     assert out["status"] == "ok" and 0 <= exact - out["max_n"] < 128 and out["first_fail_n"] - out["max_n"] <= 128
@@ -229,3 +234,17 @@ def test_the_depth_check_runs_normal_steps_before_the_lean_fitting_point():
     assert out["depth_verified"] is True and out["depth"] == 2
     assert runner.calls[:3] == [512, 512, 512] and runner.lean_calls[:3] == [512, 1024, 2048]
     assert out["points"][0]["lean"] is True and out["status"] == "ok"
+
+
+def test_a_fit_with_as_many_terms_as_points_never_gets_the_tight_bracket():
+    """Three points through a·N²+b·N+c fit exactly whatever the peaks are (on a CPU, resident-set
+    peaks at small N are mostly a baseline): the tight one-granularity bracket needs a fit with
+    more points than terms and a small residual."""
+    from cpbench.results.memory_fit import MemoryFit
+    from cpbench.routines.probe_predict import bracket_ends
+
+    exact = MemoryFit(3.6e-8, 3.2e-5, 0.032, 1, "a·N²+b·N+c", 3, 0.0)
+    over = MemoryFit(4.8e-7, 0.0, 1.43, 1, "a·N²+c", 3, 0.038)
+    loose, tight = bracket_ends(1211, 64, 1, exact), bracket_ends(16983, 512, 1, over)
+    assert loose[1] - loose[0] >= 2 * 64 and loose[0] < 1211 < loose[1]
+    assert tight[1] - tight[0] == 512 and tight[0] < 16983 < tight[1]

@@ -110,7 +110,8 @@ class PairformerAdapter:
         return model
 
     def build_batch(self, N: int, n_atoms: int, S: int, mesh: Any, device: torch.device) -> dict[str, torch.Tensor]:
-        """Global synthetic features, padded to a multiple of the CP size (``padding.token_multiple``);
+        """Global synthetic features, padded to a multiple of the CP size and of 16 on CUDA, 8 on a CPU
+        (``padding.token_multiple``);
         of the O(S·N) MSA features (``msa``, ``has_deletion``, ``deletion_value``, ``msa_mask``)
         each rank keeps only its own token columns, ``[S, N/P]``."""
         layout = layout_from_mesh(mesh)

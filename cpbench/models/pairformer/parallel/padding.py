@@ -20,8 +20,11 @@ MASKED_LOGIT = -1.0e9
 
 def token_multiple(cp: int, device: torch.device) -> int:
     """Tokens are padded to a multiple of this: the CP size, and on CUDA also 16, since the
-    fused attention kernels pad a misaligned bias (a copy of the whole N x N x heads bias)."""
-    return math.lcm(cp, 16) if device.type == "cuda" else cp
+    fused attention kernels pad a misaligned bias (a copy of the whole N x N x heads bias); on a
+    CPU also 8: an N off a multiple of 8 costs the CPU kernels more memory than the next multiple
+    (the tiny trunk under a 0.125 GiB cap: N=915 and 979 ran out of memory where 912, 920, 928,
+    960 and 976 fit), so without it the max N a probe finds depends on which N it tried."""
+    return math.lcm(cp, 16) if device.type == "cuda" else math.lcm(cp, 8)
 
 
 def key_bias(token_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
