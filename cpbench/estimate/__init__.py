@@ -50,11 +50,10 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 import pandas as pd
 
-from cpbench.report.analysis import ok_timing
+from cpbench.report.analysis import fitting_subset, ok_timing
 from cpbench.report.memory_model import GPU_MEMORY_SIZES_GIB, MemoryFit, fit_peak_memory
 from cpbench.report.rows import ENERGY_COLUMN, STAGE_PREFIX, probe_point_rows, result_rows
 from cpbench.results import iter_incomplete_probes, iter_results, without_continued_probes
-from cpbench.results.memory_fit import MIN_LEAN_POINTS
 
 DEFAULT_RESULTS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 CP_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
@@ -140,16 +139,7 @@ def load_rows(results_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, list[dict]
     found = without_continued_probes(list(iter_results(root)) + list(iter_incomplete_probes(root)))
     if not found:
         raise EstimateError(f"--from {results_dir}: no result.json under it")
-    return result_rows(found, root), with_lean(probe_point_rows(found), found), [rec for _, rec in found]
-
-
-def with_lean(points: pd.DataFrame, found: list[tuple[Path, dict]]) -> pd.DataFrame:
-    """``points`` (``probe_point_rows(found)``: one row per probe point, in the same order) with
-    a ``lean`` column: whether the probe ran that point lean (its ``points[].lean``)."""
-    lean = [bool(p.get("lean")) for _, rec in found if rec.get("routine") == "probe" for p in rec.get("points") or []]
-    if len(lean) != len(points):
-        raise AssertionError(f"{len(points)} probe point rows but {len(lean)} probe points")
-    return points.assign(lean=lean)
+    return result_rows(found, root), probe_point_rows(found), [rec for _, rec in found]
 
 
 def measured_gpu_gib(records: list[dict]) -> float | None:
@@ -311,9 +301,7 @@ def _answer(n: int, key: tuple, mem: pd.DataFrame, timing: pd.DataFrame, gpu_gib
     memfit: MemoryFit | None = None
     if not mem.empty:
         at_n = [float(p) for v, p in zip(mem["N"], mem["peak_gib"]) if int(v) == n]  # lean or not
-        lean = mem[mem["lean"].astype(bool)] if "lean" in mem else mem.iloc[:0]
-        if lean["N"].nunique() >= MIN_LEAN_POINTS:  # the probe's lean points alone (module docstring)
-            mem = lean
+        mem = fitting_subset(mem)  # the probe's lean points alone where enough (module docstring)
         ns = [int(v) for v in mem["N"]]
         peaks = [float(v) for v in mem["peak_gib"]]
         memfit = fit_peak_memory(ns, peaks, cp=cp)

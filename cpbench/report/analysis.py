@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from cpbench.results import INCOMPLETE
+from cpbench.results.memory_fit import MIN_LEAN_POINTS
 
 
 def walltime_exponent(n_tokens, walltime_ms) -> float | None:
@@ -151,17 +152,28 @@ def stock_baseline_for(same_wf: pd.DataFrame, model: str, workflow: str,
 
 
 def memory_points(rows: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
-    """Every (N, per-rank peak) measured where the step fit: ok timing rows and fitting probe points."""
+    """Every (N, per-rank peak) measured where the step fit: ok timing rows and fitting probe
+    points, with ``lean`` (a probe's lean fitting point; see ``fitting_subset``)."""
     frames = []
     ok = latest_ok_timing(rows)
     if not ok.empty:
         frames.append(ok[["model", "workflow", "CP config", "cp", "N_tokens", "peak_mem (GiB)"]]
-                      .rename(columns={"N_tokens": "N", "peak_mem (GiB)": "peak_gib"}))
+                      .rename(columns={"N_tokens": "N", "peak_mem (GiB)": "peak_gib"}).assign(lean=False))
     if not points.empty:
         fit = points[points["fits"]]
+        lean = fit["lean"].fillna(False).astype(bool) if "lean" in fit else False
         frames.append(fit[["model", "workflow", "CP config", "cp", "N", "peak_alloc_gib"]]
-                      .rename(columns={"peak_alloc_gib": "peak_gib"}))
+                      .rename(columns={"peak_alloc_gib": "peak_gib"}).assign(lean=lean))
     if not frames:
-        return pd.DataFrame(columns=["model", "workflow", "CP config", "cp", "N", "peak_gib"])
+        return pd.DataFrame(columns=["model", "workflow", "CP config", "cp", "N", "peak_gib", "lean"])
     out = pd.concat(frames, ignore_index=True)
     return out[out["peak_gib"].notna() & out["N"].notna()]
+
+
+def fitting_subset(group: pd.DataFrame) -> pd.DataFrame:
+    """The points of one group (``memory_points`` rows) a peak fit uses: its lean points alone
+    where they cover ``MIN_LEAN_POINTS`` distinct N, as the probe's own prediction does
+    (``memory_fit.fitting_points``: a lean peak does not depend on free memory, the others'
+    chunk transients do, so a fit through both bends); else all of them."""
+    lean = group[group["lean"].fillna(False).astype(bool)] if "lean" in group else group.iloc[0:0]
+    return lean if lean["N"].nunique() >= MIN_LEAN_POINTS else group

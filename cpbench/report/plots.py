@@ -33,6 +33,7 @@ from cpbench.report.analysis import (  # noqa: E402
     TIMING_SERIES,
     best_fit,
     best_fit_per_cp,
+    fitting_subset,
     latest_ok_timing,
     memory_points,
     walltime_exponent,
@@ -146,7 +147,8 @@ def plot_walltime(rows: pd.DataFrame, path: Path) -> str | None:
 
 
 def plot_memory(rows: pd.DataFrame, points: pd.DataFrame, path: Path) -> str | None:
-    """Per-rank peak memory vs N per (model, workflow, CP config), with its quadratic fit."""
+    """Per-rank peak memory vs N per (model, workflow, CP config), with its quadratic fit (over the
+    group's lean points where it has enough: ``analysis.fitting_subset``)."""
     data = memory_points(rows, points)
     if data.empty:
         return "no peak memory measured at a point that fit"
@@ -155,7 +157,9 @@ def plot_memory(rows: pd.DataFrame, points: pd.DataFrame, path: Path) -> str | N
     for i, (keys, grp) in enumerate(data.groupby(["model", "workflow", "CP config"], sort=True)):
         n, peak = grp["N"].astype(float).to_numpy(), grp["peak_gib"].astype(float).to_numpy()
         color = f"C{i % 10}"
-        fit = fit_peak_memory(n, peak, cp=int(grp["cp"].iloc[0]))
+        fitted = fitting_subset(grp)
+        fit = fit_peak_memory(fitted["N"].astype(float).to_numpy(), fitted["peak_gib"].astype(float).to_numpy(),
+                              cp=int(grp["cp"].iloc[0]))
         ax.plot(n, peak, "o", color=color, label=f"{_series_label(keys, with_model)}: {fit.form}")
         grid = np.geomspace(n.min(), n.max(), 50) if n.max() > n.min() else n
         ax.plot(grid, [fit.predict_gib(x) for x in grid], "-", color=color, alpha=0.6)

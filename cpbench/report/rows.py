@@ -87,7 +87,8 @@ def result_rows(records: Iterable[tuple[Path, dict]], root: Path, peak_tflops: f
 
 
 def probe_point_rows(records: Iterable[tuple[Path, dict]]) -> pd.DataFrame:
-    """One row per point every probe tried: N, fits, status, per-rank peak (max over ranks)."""
+    """One row per point every probe tried: N, fits, status, per-rank peak (max over ranks), and
+    whether it ran lean (``points[].lean``)."""
     rows = []
     for _, rec in records:
         if rec.get("routine") != "probe":
@@ -101,9 +102,10 @@ def probe_point_rows(records: Iterable[tuple[Path, dict]]) -> pd.DataFrame:
                 "dtype": point.get("dtype"), "N": p.get("N"), "fits": bool(p.get("fits")), "status": p.get("status"),
                 "peak_alloc_gib": max_over_ranks(p.get("peak_alloc_gib")),
                 "peak_reserved_gib": max_over_ranks(p.get("peak_reserved_gib")), "seconds": p.get("seconds"),
+                "lean": bool(p.get("lean")),
             })
     return pd.DataFrame(rows, columns=["model", "workflow", "topology", "cp", "CP config", "kernels", "dtype", "N", "fits",
-                                       "status", "peak_alloc_gib", "peak_reserved_gib", "seconds"])
+                                       "status", "peak_alloc_gib", "peak_reserved_gib", "seconds", "lean"])
 
 
 def _row(path: Path, rec: dict, root: Path, peak_tflops_cfg: float | None) -> dict[str, Any]:
