@@ -208,11 +208,14 @@ def plot_stage_peak(rows: pd.DataFrame, path: Path) -> str | None:
         for gib, col in sorted((float(r[c]), c) for c in stages if pd.notna(r[c])):
             ax.bar(i, gib - bottom, 0.6, bottom=bottom, color=colors[col])
             bottom = gib
-    labels = [f"{r['workflow']}\n{r['CP config']}\n{'max N' if r['row'] == 'max-fit' else 'N'}={int(r['N_tokens'])}"
-              for _, r in data.iterrows()]
+    several_kernels = "kernels" in data and data["kernels"].fillna("").nunique() > 1
+    labels = [f"{r['workflow']}\n{r['CP config']}"
+              + (f" {r['kernels']}" if several_kernels and isinstance(r.get("kernels"), str) else "")
+              + f"\n{'max N' if r['row'] == 'max-fit' else 'N'}={int(r['N_tokens'])}" for _, r in data.iterrows()]
     ax.set_xticks(range(len(data)), labels, fontsize=7)
-    ax.set_ylabel("peak allocated (GiB, largest rank); segment: rise of that stage's peak")
-    ax.set_title("Peak memory per stage (top segment: the stage that sets the peak)")
+    ax.set_ylabel("peak allocated (GiB, largest rank)")
+    ax.set_title("Peak memory per stage: each segment is how far that stage's peak\n"
+                 "rises above the next lower one; the top one sets the point's peak", fontsize=9)
     ax.grid(True, axis="y", alpha=0.3)
     handles = [matplotlib.patches.Patch(color=colors[c], label=c[len(STAGE_PEAK_PREFIX):]) for c in stages]
     ax.legend(handles=handles, fontsize=8)
