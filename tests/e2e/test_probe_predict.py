@@ -51,12 +51,17 @@ def test_a_probe_stopped_by_its_limits_continues_under_larger_ones(tmp_path):
 
 
 def test_the_reference_trunk_gets_the_same_max_n_from_predict_as_from_bisect_in_fewer_points(tmp_path):
-    """#18 on the CPU: the tiny reference trunk (trunk only, resident-set peaks) under a
-    0.125 GiB cap, probed from N=256 with growth 1.5 by both strategies. Predict fits its three
-    ramp points and brackets the limit; its max N is bisect's within the granularity."""
-    base = ["routine=probe", "device=cpu", "model=tiny", "cp=1", "S=8", "atoms_per_token=2", "model.msa_blocks=0",
-            "workflow.sampling=false", "workflow.recycles=0", "memory.limit_gib=0.125", "probe.start=256",
-            "probe.growth=1.5", "probe.granularity=64", "probe.verify=false", "probe.timeout_s=120"]
+    """#18 on the CPU: the tiny reference trunk (trunk only, c_z=128 so that the pair tensors
+    dominate the resident-set peak) under a 0.4 GiB cap, probed from N=256 with growth 1.5 by
+    both strategies. Predict fits its three ramp points and brackets the limit; its max N is
+    bisect's within the granularity, in fewer points. (With c_z=16 under 0.125 GiB the limit
+    moved by 50-80 tokens from run to run, more than a 64-token granularity: the cap counts the
+    process's data segment, and a few MiB of allocator noise is many tokens where the peak grows
+    slowly with N; under 0.25 GiB from N=192 the fit's residual, up to 6 %, sometimes missed the
+    tight bracket, and predict then ran as many points as bisect.)"""
+    base = ["routine=probe", "device=cpu", "model=tiny", "model.c_z=128", "cp=1", "S=8", "atoms_per_token=2",
+            "model.msa_blocks=0", "workflow.sampling=false", "workflow.recycles=0", "memory.limit_gib=0.4",
+            "probe.start=256", "probe.growth=1.5", "probe.granularity=64", "probe.verify=false", "probe.timeout_s=120"]
     records = {}
     for strategy in ("bisect", "predict"):
         proc = run_cpbench([*base, f"probe.strategy={strategy}", f"hydra.run.dir={strategy}"], cwd=tmp_path,
@@ -66,7 +71,7 @@ def test_the_reference_trunk_gets_the_same_max_n_from_predict_as_from_bisect_in_
         assert record["status"] == "ok" and record["first_fail_status"] == "oom", record["message"]
         assert record["first_fail_n"] - record["max_n"] <= 64 and record["timed_out_n"] == []
     bisect, predict = records["bisect"], records["predict"]
+    tried = {name: [p["N"] for p in rec["points"]] for name, rec in records.items()}
     assert predict["strategy"] == "predict" and predict["prediction"]["fallback"] is None
-    assert abs(predict["max_n"] - bisect["max_n"]) <= 64, (predict["max_n"], bisect["max_n"])
-    assert len(predict["points"]) < len(bisect["points"]), ([p["N"] for p in predict["points"]],
-                                                            [p["N"] for p in bisect["points"]])
+    assert abs(predict["max_n"] - bisect["max_n"]) <= 64, (predict["max_n"], bisect["max_n"], tried)
+    assert len(predict["points"]) < len(bisect["points"]), tried
