@@ -12,13 +12,8 @@ CALL=${1:?call name}
 OUT=${OUT:?set OUT}
 BUDGET_S=${BUDGET_S:-570}
 START=$(date +%s)
-mkdir -p "$OUT"
-source scripts/gpu_env.sh > "$OUT/env.txt" 2>&1 || { cat "$OUT/env.txt"; exit 1; }
-cat "$OUT/env.txt"
-cat commit.txt > "$OUT/commit.txt" 2>/dev/null || true
-nvidia-smi > "$OUT/nvidia-smi_before.txt" 2>&1
-
-source scripts/campaign_lib.sh  # left, point, archive_out
+source scripts/campaign_lib.sh  # gpu_setup, left, point, script_phase, archive_out
+gpu_setup
 TRUNK="model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing cp=1"
 TRAIN="model=boltz2 workflow=training routine=timing cp=1"
 

@@ -15,13 +15,8 @@ CALL=${1:?call name}
 OUT=${OUT:?set OUT}
 BUDGET_S=${BUDGET_S:-575}
 START=$(date +%s)
-mkdir -p "$OUT"
-source scripts/gpu_env.sh > "$OUT/env.txt" 2>&1 || { cat "$OUT/env.txt"; exit 1; }
-cat "$OUT/env.txt"
-cat commit.txt > "$OUT/commit.txt" 2>/dev/null || true
-nvidia-smi > "$OUT/nvidia-smi_before.txt" 2>&1
-
-source scripts/campaign_lib.sh  # left, point, archive_out
+source scripts/campaign_lib.sh  # gpu_setup, left, point, script_phase, archive_out
+gpu_setup
 TRUNK="model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing cp=1"
 TRAIN="model=boltz2 workflow=training routine=timing cp=1"
 
@@ -31,11 +26,9 @@ case "$CALL" in
       probe.start=1024 probe.granularity=512 probe.strategy=predict probe.verify=true probe.timeout_s=200 probe.depth=1 \
       probe.budget_s=$(( $(left) - 110 ))
     grep -h "probe N=\|predicted\|verify\|depth check" "$OUT/probe_trunk_cp1.log" | cut -c1-400
-    if [ "${PROFILE:-0}" = 1 ] && [ "$(left)" -gt 60 ]; then
-      t0=$(date +%s)
-      timeout $(( $(left) - 5 )) python3 scripts/block_profile.py --n 2048 --kernels flex torch \
-        --out "$OUT/block_profile_2048.json" > "$OUT/block_profile_2048.log" 2>&1
-      echo "phase block_profile rc=$? $(( $(date +%s) - t0 )) s"; grep '^{' "$OUT/block_profile_2048.log"
+    if [ "${PROFILE:-0}" = 1 ]; then
+      script_phase block_profile_2048 python3 scripts/block_profile.py --n 2048 --kernels flex torch \
+        --out "$OUT/block_profile_2048.json"
     fi
     ;;
   h)  # call e3's prediction (17,005) as a one-granularity bracket, measured directly at depth 1:

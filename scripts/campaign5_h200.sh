@@ -21,13 +21,8 @@ CALLS=${1:?call name(s)}
 OUT=${OUT:?set OUT}
 BUDGET_S=${BUDGET_S:-580}
 START=$(date +%s)
-mkdir -p "$OUT"
-source scripts/gpu_env.sh > "$OUT/env.txt" 2>&1 || { cat "$OUT/env.txt"; exit 1; }
-cat "$OUT/env.txt"
-cat commit.txt > "$OUT/commit.txt" 2>/dev/null || true
-nvidia-smi > "$OUT/nvidia-smi_before.txt" 2>&1
-
-source scripts/campaign_lib.sh  # left, point, archive_out
+source scripts/campaign_lib.sh  # gpu_setup, left, point, script_phase, archive_out
+gpu_setup
 PROBE="routine=probe cp=1 model=boltz2 probe.verify=true"
 PREDICT="$PROBE probe.strategy=predict probe.start=1024 probe.depth=1"
 TRUNK="model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing cp=1"
@@ -51,12 +46,8 @@ for CALL in $CALLS; do
        point trunk2048_torch 130 $TRUNK N=2048 model.kernels=torch timing.timeout_s=150
        point trunk512_flex 60 $TRUNK N=512 model.kernels=flex timing.timeout_s=90
        point trunk512_torch 45 $TRUNK N=512 model.kernels=torch timing.timeout_s=60 ;;
-    p) if [ "$(left)" -gt 60 ]; then
-         t0=$(date +%s)
-         timeout $(( $(left) - 5 )) python3 scripts/step_overhead.py --n 512 --kernels flex torch \
-           --out "$OUT/step_overhead_512.json" > "$OUT/step_overhead_512.log" 2>&1
-         echo "phase step_overhead rc=$? $(( $(date +%s) - t0 )) s"; grep '^{' "$OUT/step_overhead_512.log"
-       fi ;;
+    p) script_phase step_overhead_512 python3 scripts/step_overhead.py --n 512 --kernels flex torch \
+         --out "$OUT/step_overhead_512.json" ;;
     *) echo "unknown call $CALL"; exit 2 ;;
   esac
 done

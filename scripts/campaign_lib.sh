@@ -1,6 +1,16 @@
-# Shared by the GPU campaign scripts (campaign3/4_h200.sh, campaign_stock_h200.sh): source it after
+# Shared by the GPU campaign scripts (campaign3/4/5_h200.sh, campaign_stock_h200.sh): source it after
 # setting OUT (the call's output folder), BUDGET_S (seconds the call may take) and START (its
 # start, date +%s); PYTHON (default python3) runs cpbench.
+
+# On the GPU machine, a call's preamble: $OUT, the carried wheels (scripts/gpu_env.sh, its output
+# in $OUT/env.txt; a failure ends the call), the commit that runs, and nvidia-smi before.
+gpu_setup() {
+  mkdir -p "$OUT"
+  source scripts/gpu_env.sh > "$OUT/env.txt" 2>&1 || { cat "$OUT/env.txt"; exit 1; }
+  cat "$OUT/env.txt"
+  cat commit.txt > "$OUT/commit.txt" 2>/dev/null || true
+  nvidia-smi > "$OUT/nvidia-smi_before.txt" 2>&1
+}
 
 # Seconds left of the call's budget.
 left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
@@ -13,6 +23,16 @@ point() {
   local t0=$(date +%s)
   timeout $(( $(left) - 5 )) ${PYTHON:-python3} -m cpbench "$@" hydra.run.dir="$OUT/$name" > "$OUT/$name.log" 2>&1
   echo "phase $name rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/$name.log" | cut -c1-600)"
+}
+
+# script_phase NAME COMMAND...: a diagnostic script when more than 60 s remain, killed 5 s before
+# the budget ends, its output in $OUT/NAME.log; prints its JSON lines.
+script_phase() {
+  local name=$1; shift
+  if [ "$(left)" -le 60 ]; then echo "skip $name: $(left) s left"; return; fi
+  local t0=$(date +%s)
+  timeout $(( $(left) - 5 )) "$@" > "$OUT/$name.log" 2>&1
+  echo "phase $name rc=$? $(( $(date +%s) - t0 )) s"; grep '^{' "$OUT/$name.log"
 }
 
 # Only a few files of a call come back from the GPU machine: everything also goes into one archive.
