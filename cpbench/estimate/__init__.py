@@ -50,7 +50,7 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 import pandas as pd
 
-from cpbench.report.analysis import fitting_subset, ok_timing
+from cpbench.report.analysis import fitting_subset, latest_ok_timing, memory_points
 from cpbench.report.memory_model import GPU_MEMORY_SIZES_GIB, MemoryFit, fit_peak_memory
 from cpbench.report.rows import ENERGY_COLUMN, STAGE_PREFIX, probe_point_rows, result_rows
 from cpbench.results import iter_incomplete_probes, iter_results, without_continued_probes
@@ -225,8 +225,8 @@ def estimate(n_tokens: int, rows: pd.DataFrame, points: pd.DataFrame, gpu_gib: f
     Raises:
         EstimateError: no group matches ``model`` / ``workflow``, or none has a fit.
     """
-    mem = _memory_points_keyed(rows, points)
-    timing = latest_ok_timing_keyed(rows) if not rows.empty else rows
+    mem = memory_points(rows, points, GROUP_KEYS, [*GROUP_KEYS, "N_tokens"])
+    timing = latest_ok_timing(rows, [*GROUP_KEYS, "N_tokens"]) if not rows.empty else rows
     keys = sorted({tuple(k) for k in mem[list(GROUP_KEYS)].itertuples(index=False)} |
                   {tuple(k) for k in timing[list(GROUP_KEYS)].itertuples(index=False)} if not timing.empty else
                   {tuple(k) for k in mem[list(GROUP_KEYS)].itertuples(index=False)}, key=lambda k: tuple(map(str, k)))
@@ -258,41 +258,6 @@ def _select(frame: pd.DataFrame, key: tuple) -> pd.DataFrame:
         mask &= (frame[col].isna() if value is None or (isinstance(value, float) and math.isnan(value))
                  else frame[col] == value).to_numpy()
     return frame[mask]
-
-
-def latest_ok_timing_keyed(rows: pd.DataFrame) -> pd.DataFrame:
-    """``report.analysis.latest_ok_timing`` with the point keyed by the whole group (kernels and
-    dtype included) and N: the latest ok timing row of each, so a torch run after a flex run at
-    the same N does not replace it."""
-    ok = ok_timing(rows)
-    if ok.empty or "date" not in ok:
-        return ok
-    key = ok[list(GROUP_KEYS)].astype(str).assign(N_tokens=ok["N_tokens"])  # None (no backend) is a value
-    order = key.assign(_date=ok["date"].fillna("")).sort_values("_date", kind="stable")
-    keep = order.drop_duplicates(list(GROUP_KEYS) + ["N_tokens"], keep="last").index
-    return ok.loc[sorted(keep)]
-
-
-def _memory_points_keyed(rows: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
-    """``report.analysis.memory_points`` (ok timing rows, latest of each point, and probe points
-    that fit), keeping the kernels and dtype of each point and whether it ran lean."""
-    cols = list(GROUP_KEYS) + ["cp", "N", "peak_gib", "lean"]
-    if rows.empty:
-        return pd.DataFrame(columns=cols)
-    ok = latest_ok_timing_keyed(rows)
-    frames = []
-    if not ok.empty:
-        frames.append(ok[list(GROUP_KEYS) + ["cp", "N_tokens", "peak_mem (GiB)"]]
-                      .rename(columns={"N_tokens": "N", "peak_mem (GiB)": "peak_gib"}).assign(lean=False))
-    if not points.empty:
-        fit = points[points["fits"]]
-        lean = fit["lean"].fillna(False).astype(bool) if "lean" in fit else False
-        frames.append(fit[list(GROUP_KEYS) + ["cp", "N", "peak_alloc_gib"]].rename(columns={"peak_alloc_gib": "peak_gib"})
-                      .assign(lean=lean))
-    if not frames:
-        return pd.DataFrame(columns=cols)
-    out = pd.concat(frames, ignore_index=True)
-    return out[out["peak_gib"].notna() & out["N"].notna()]
 
 
 def _answer(n: int, key: tuple, mem: pd.DataFrame, timing: pd.DataFrame, gpu_gib: float | None) -> Answer | None:

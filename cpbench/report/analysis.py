@@ -31,10 +31,21 @@ TIMING_POINT = ["model", "workflow", "CP config", "N_tokens"]
 TIMING_SERIES = ["model", "workflow", "CP config", "kernels"]
 
 
-def _with_kernels(frame: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, list[str]]:
-    """``frame`` with a ``kernels`` column ("" where unknown) and ``keys`` plus it."""
-    kernels = frame["kernels"].fillna("") if "kernels" in frame else ""
-    return frame.assign(kernels=kernels), [*keys, "kernels"]
+# What names a timing point: its series and N.
+TIMING_POINT_KEYS = [*TIMING_POINT, "kernels"]
+
+
+def with_kernel_labels(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with a ``kernels`` column, "" where the backend is unknown (so that grouping by
+    it keeps those rows)."""
+    return frame.assign(kernels=frame["kernels"].fillna("") if "kernels" in frame else "")
+
+
+def _point_key(ok: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """The ``keys`` columns of ``ok`` as text: an unknown backend (None) or a column the frame
+    lacks is a value ("") like any other, not a row that grouping drops."""
+    key = ok.reindex(columns=keys).astype(object)
+    return key.where(key.notna(), "").astype(str)
 
 
 def ok_timing(rows: pd.DataFrame) -> pd.DataFrame:
@@ -43,22 +54,24 @@ def ok_timing(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[(rows["row"] == "timing") & (rows["status"] == "ok") & rows["walltime (ms)"].notna()]
 
 
-def latest_ok_timing(rows: pd.DataFrame) -> pd.DataFrame:
-    """The ok timing rows, the latest (by ``date``) of each point (model, workflow, CP config,
-    N, kernel backend) measured more than once: a rerun after a code change replaces the older
-    figure in the plots and the readout, instead of being averaged with it (the table keeps every
-    row); the same point under another backend is another point. ``kernels`` is "" where unknown."""
-    ok, keys = _with_kernels(ok_timing(rows), TIMING_POINT)
-    if "date" not in ok:
+def latest_ok_timing(rows: pd.DataFrame, point_keys: list[str] | None = None) -> pd.DataFrame:
+    """The ok timing rows, the latest (by ``date``) of each point measured more than once: a
+    rerun after a code change replaces the older figure in the plots and the readout, instead of
+    being averaged with it (the table keeps every row). A point is ``point_keys`` (default
+    ``TIMING_POINT_KEYS``: model, workflow, CP config, N and kernel backend, so the same N under
+    another backend is another point; the estimate adds the dtype)."""
+    ok = ok_timing(rows)
+    if ok.empty or "date" not in ok:
         return ok
-    order = ok.assign(_date=ok["date"].fillna("")).sort_values("_date", kind="stable")
-    return order.drop_duplicates(keys, keep="last").drop(columns="_date").sort_index()
+    keys = list(point_keys or TIMING_POINT_KEYS)
+    order = _point_key(ok, keys).assign(_date=ok["date"].fillna("")).sort_values("_date", kind="stable")
+    return ok.loc[sorted(order.drop_duplicates(keys, keep="last").index)]
 
 
 def repeated_timing_points(rows: pd.DataFrame) -> int:
     """How many timing points have more than one ok row (``latest_ok_timing`` keeps one of each)."""
-    ok, keys = _with_kernels(ok_timing(rows), TIMING_POINT)
-    return 0 if ok.empty else int((ok.groupby(keys).size() > 1).sum())
+    ok = ok_timing(rows)
+    return 0 if ok.empty else int((_point_key(ok, TIMING_POINT_KEYS).groupby(TIMING_POINT_KEYS).size() > 1).sum())
 
 
 def best_fit(fits: pd.DataFrame) -> pd.DataFrame:
@@ -151,21 +164,23 @@ def stock_baseline_for(same_wf: pd.DataFrame, model: str, workflow: str,
     return (named or baselines)[0]
 
 
-def memory_points(rows: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
-    """Every (N, per-rank peak) measured where the step fit: ok timing rows and fitting probe
-    points, with ``lean`` (a probe's lean fitting point; see ``fitting_subset``)."""
+def memory_points(rows: pd.DataFrame, points: pd.DataFrame, group_keys: tuple[str, ...] = ("model", "workflow", "CP config"),
+                  point_keys: list[str] | None = None) -> pd.DataFrame:
+    """Every (N, per-rank peak) measured where the step fit: ok timing rows (``latest_ok_timing``
+    with ``point_keys``) and fitting probe points, with their ``group_keys`` columns, ``cp`` and
+    ``lean`` (a probe's lean fitting point; see ``fitting_subset``)."""
     frames = []
-    ok = latest_ok_timing(rows)
+    ok = latest_ok_timing(rows, point_keys) if not rows.empty else rows
     if not ok.empty:
-        frames.append(ok[["model", "workflow", "CP config", "cp", "N_tokens", "peak_mem (GiB)"]]
+        frames.append(ok[[*group_keys, "cp", "N_tokens", "peak_mem (GiB)"]]
                       .rename(columns={"N_tokens": "N", "peak_mem (GiB)": "peak_gib"}).assign(lean=False))
     if not points.empty:
         fit = points[points["fits"]]
         lean = fit["lean"].fillna(False).astype(bool) if "lean" in fit else False
-        frames.append(fit[["model", "workflow", "CP config", "cp", "N", "peak_alloc_gib"]]
+        frames.append(fit[[*group_keys, "cp", "N", "peak_alloc_gib"]]
                       .rename(columns={"peak_alloc_gib": "peak_gib"}).assign(lean=lean))
     if not frames:
-        return pd.DataFrame(columns=["model", "workflow", "CP config", "cp", "N", "peak_gib", "lean"])
+        return pd.DataFrame(columns=[*group_keys, "cp", "N", "peak_gib", "lean"])
     out = pd.concat(frames, ignore_index=True)
     return out[out["peak_gib"].notna() & out["N"].notna()]
 

@@ -37,6 +37,7 @@ from cpbench.report.analysis import (  # noqa: E402
     latest_ok_timing,
     memory_points,
     walltime_exponent,
+    with_kernel_labels,
 )
 from cpbench.report.memory_model import fit_peak_memory  # noqa: E402
 from cpbench.report.readout import is_lower_bound  # noqa: E402
@@ -126,7 +127,7 @@ def _max_n_series(ax, best: pd.DataFrame, color: str, label: str, shift: float =
 def plot_walltime(rows: pd.DataFrame, path: Path) -> str | None:
     """Median walltime vs N (log-log) per (model, workflow, CP config, kernel backend), fitted
     exponent in the legend (the backend named where several ran)."""
-    ok = latest_ok_timing(rows)
+    ok = with_kernel_labels(latest_ok_timing(rows))
     groups = [(k, g) for k, g in ok.groupby(TIMING_SERIES, sort=True)
               if g["N_tokens"].nunique() >= 2] if not ok.empty else []
     if not groups:

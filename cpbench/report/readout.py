@@ -24,6 +24,7 @@ from cpbench.report.analysis import (
     stock_baseline_for,
     stock_baselines,
     walltime_exponent,
+    with_kernel_labels,
 )
 
 
@@ -102,7 +103,7 @@ def stock_sentence(best: pd.DataFrame, stock: StockBaseline) -> str:
 def walltime_sentences(rows: pd.DataFrame) -> list[str]:
     """Per (model, workflow): the fitted walltime exponent per CP config, and the cp speedup at
     the largest N all its CP configs share."""
-    ok = latest_ok_timing(rows)
+    ok = with_kernel_labels(latest_ok_timing(rows))
     if ok.empty:
         return []
     out = []
