@@ -159,8 +159,8 @@ def _run_job(cfg: DictConfig, ctx: JobContext) -> dict:
     _seen.routine = point.routine
     auto_probe = cfg.get("routine") == "auto" and point.routine == "timing"
 
-    signature = results.point_signature(signature_config(cfg))
-    state_signature = probe_state_signature(signature_config(cfg))
+    sig_config = signature_config(cfg)
+    signature, state_signature = results.point_signature(sig_config), probe_state_signature(sig_config)
     if cfg.get("resume"):
         previous = results.find_previous(signature, ctx.out_dir, ctx.sweep_dir)
         if previous is not None:
