@@ -7,7 +7,8 @@ at a time (one GPU).
 Variants per backend: ``as_is``; ``no_free_query`` (the chunk budget's free-memory reading,
 ``chunking._cuda_free_bytes``: ``mem_get_info`` plus two ``memory_stats`` dicts per op, replaced
 by the first reading); ``no_stage_peaks`` (``StageTimer``'s per-stage peak reset and read off).
-Each variant: ``--warmup`` untimed steps (compiles), then the median of ``--repeats`` steps
+Also: the host cost of each memory query (microseconds per call), how many free-memory readings
+one step makes, and dynamo's recompile counters. Each variant: ``--warmup`` untimed steps (compiles), then the median of ``--repeats`` steps
 (synchronized wall clock), and the block mean the adapter reports. Prints one JSON line per
 (backend, variant) and writes them all to ``--out``. Not a cpbench point: a diagnosis.
 """
@@ -51,6 +52,51 @@ def _variant(name: str, device: torch.device):
             torch.cuda.reset_peak_memory_stats = saved_reset
 
 
+def query_costs(device: torch.device, calls: int = 2000) -> dict:
+    """Host microseconds per call of each memory query the chunk budget makes (GPU only)."""
+    if device.type != "cuda":
+        return {}
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda d: 1.0)
+    queries = {"mem_get_info": lambda: torch.cuda.mem_get_info(device),
+               "memory_allocated": lambda: torch.cuda.memory_allocated(device),
+               "memory_reserved": lambda: torch.cuda.memory_reserved(device),
+               "memory_stats_as_nested_dict": lambda: torch.cuda.memory_stats_as_nested_dict(device),
+               "get_per_process_memory_fraction": lambda: fraction(device),
+               "_cuda_free_bytes": lambda: chunking._cuda_free_bytes(device)}
+    out = {}
+    for name, q in queries.items():
+        q()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            q()
+        out[name] = round((time.perf_counter() - t0) / calls * 1e6, 2)
+    return out
+
+
+def free_query_calls(adapter, model, batch) -> int:
+    """How many times one step reads the free memory (``chunking._cuda_free_bytes``)."""
+    saved, count = chunking._cuda_free_bytes, [0]
+
+    def counted(device):
+        count[0] += 1
+        return saved(device)
+    chunking._cuda_free_bytes = counted
+    try:
+        adapter.run_step(model, batch, False)
+    finally:
+        chunking._cuda_free_bytes = saved
+    return count[0]
+
+
+def dynamo_counters() -> dict:
+    """Dynamo's frame and recompile counters so far (a recompiling region shows here)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return {}
+    return {group: dict(counters[group]) for group in ("stats", "recompiles", "graph_break") if counters.get(group)}
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -88,6 +134,8 @@ def main() -> None:
     device = torch.device(args.device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
     mesh = init_device_mesh(device.type, (1,), mesh_dim_names=("cp",))
+    costs = query_costs(device)
+    print(json.dumps({"query_us": costs}), flush=True)
     rows = []
     for backend in args.kernels:
         adapter = PairformerAdapter(**{**BOLTZ2, "blocks": args.blocks}, kernels=backend)
@@ -99,10 +147,14 @@ def main() -> None:
                                                                   args.warmup, args.repeats)}
             print(json.dumps(row), flush=True)
             rows.append(row)
+        calls = free_query_calls(adapter, model, batch)
+        print(json.dumps({"kernels": backend, "free_query_calls_per_step": calls, "dynamo": dynamo_counters()},
+                         default=str), flush=True)
+        rows.append({"kernels": backend, "free_query_calls_per_step": calls})
         del model, batch
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"rows": rows, "torch": torch.__version__,
+            json.dump({"rows": rows, "query_us": costs, "dynamo": dynamo_counters(), "torch": torch.__version__,
                        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}, f, indent=1)
     dist.destroy_process_group()
 

@@ -1,0 +1,192 @@
+"""Where a near-limit trunk step's time goes: one boltz2 block, inference, trunk only, at one N,
+without a memory cap and under caps that leave only a few GiB free beside the pair tensors
+(what a probe point near the max N sees), on one GPU.
+
+    python scripts/near_limit_profile.py --n 8192 --caps-gib 0 36 34.5 --out near_limit.json
+
+Per cap: one untimed step (compiles), then one step timed per op of the block (synchronized
+wall clock around each of the block's modules and the trunk's other stages), the chunk sizes the
+ops chose (``chunking.rows_per_chunk`` / ``divisor_chunk`` calls, by caller), and for the tightest
+cap that fits a profiler table of the step's CUDA kernels. Prints one JSON line per cap. A diagnosis, not a
+cpbench point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from cpbench.models.pairformer.adapter import PairformerAdapter
+from cpbench.models.pairformer.modules.block import PairformerBlock
+from cpbench.models.pairformer.parallel import chunking
+
+GIB = 1 << 30
+BOLTZ2 = dict(c_s=384, c_z=128, blocks=1, heads_single=16, heads_tri=4, head_dim_tri=32, transition_factor=4,
+              msa_blocks=0, recycles=0, sampling=False, dtype="bf16")
+
+
+class ChunkLog:
+    """Counts the chunk sizes the ops choose: ``(caller, n, result) -> calls``."""
+
+    def __init__(self) -> None:
+        self.calls: collections.Counter = collections.Counter()
+        self.saved = {}
+
+    def _wrap(self, name: str):
+        fn = getattr(chunking, name)
+        self.saved[name] = fn
+
+        @functools.wraps(fn)
+        def logged(n, per_b, budget_b):
+            out = fn(n, per_b, budget_b)
+            f = sys._getframe(1)
+            self.calls[(f"{f.f_globals.get('__name__', '?').rsplit('.', 1)[-1]}.{f.f_code.co_name}", name,
+                        int(n), int(out), round(int(budget_b) / (1 << 20)))] += 1
+            return out
+        setattr(chunking, name, logged)
+
+    def __enter__(self):
+        self.calls.clear()
+        for name in ("rows_per_chunk", "divisor_chunk"):
+            self._wrap(name)
+        return self
+
+    def __exit__(self, *exc):
+        for name, fn in self.saved.items():
+            setattr(chunking, name, fn)
+
+    def rows(self) -> list[dict]:
+        return [{"caller": c, "fn": f, "n": n, "chunk": k, "budget_mib": b, "calls": m}
+                for (c, f, n, k, b), m in sorted(self.calls.items())]
+
+
+class OpClock:
+    """Synchronized wall time of each module of the Pairformer block (``name -> s``)."""
+
+    NAMES = ("tri_mul_out", "tri_mul_in", "tri_att_start", "tri_att_end", "pair_transition", "attention",
+             "single_transition")
+
+    def __init__(self, block: torch.nn.Module) -> None:
+        self.block, self.seconds, self.saved = block, collections.defaultdict(float), {}
+
+    def __enter__(self):
+        for name in self.NAMES:
+            mod = getattr(self.block, name)
+            fwd = mod.forward
+            self.saved[name] = fwd
+
+            def timed(*a, _fwd=fwd, _name=name, **k):
+                _sync()
+                t0 = time.perf_counter()
+                out = _fwd(*a, **k)
+                _sync()
+                self.seconds[_name] += time.perf_counter() - t0
+                return out
+            mod.forward = timed
+        return self
+
+    def __exit__(self, *exc):
+        for name, fwd in self.saved.items():
+            getattr(self.block, name).forward = fwd
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def set_cap(device, cap_gib: float) -> None:
+    if device.type != "cuda":  # a CPU dry run of the script: no cap
+        return
+    total_b = torch.cuda.mem_get_info(device)[1]
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total_b) if cap_gib else 1.0, device)
+    torch.cuda.empty_cache()
+
+
+def profile_table(adapter, model, batch) -> str:
+    """The profiler's kernel table of one step (CUDA time, top 30)."""
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        adapter.run_step(model, batch, False)
+        _sync()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70)
+
+
+def one_cap(adapter, model, batch, device, cap_gib: float) -> dict:
+    set_cap(device, cap_gib)
+    row = {"cap_gib": cap_gib}
+    try:
+        t0 = time.perf_counter()
+        adapter.run_step(model, batch, False)
+        _sync()
+        row["first_step_s"] = round(time.perf_counter() - t0, 2)
+        block = next(m for m in model.modules() if isinstance(m, PairformerBlock))
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        with ChunkLog() as log, OpClock(block) as clock:
+            t0 = time.perf_counter()
+            adapter.run_step(model, batch, False)
+            _sync()
+            row["step_s"] = round(time.perf_counter() - t0, 2)
+        row["op_s"] = {k: round(v, 3) for k, v in clock.seconds.items()}
+        row["block_ops_s"] = round(sum(clock.seconds.values()), 2)
+        if device.type == "cuda":
+            row["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / GIB, 2)
+        row["chunks"] = log.rows()
+        row["stage_ms"] = adapter.stats().get("stage_ms")
+    except torch.OutOfMemoryError as e:
+        row["oom"] = str(e).splitlines()[0][:300]
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=8192)
+    p.add_argument("--caps-gib", type=float, nargs="+", default=[0.0, 36.0, 34.5], help="0: no cap")
+    p.add_argument("--kernels", default="flex")
+    p.add_argument("--device", default="cuda", help="cpu: a dry run of the script (no caps, fp32)")
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29512")
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
+    mesh = init_device_mesh(device.type, (1,), mesh_dim_names=("cp",))
+    sizes = BOLTZ2 if device.type == "cuda" else {**BOLTZ2, "dtype": "fp32"}
+    adapter = PairformerAdapter(**sizes, kernels=args.kernels)
+    torch.manual_seed(0)
+    model = adapter.build_model(mesh, device)
+    batch = adapter.build_batch(args.n, 8 * args.n, 256, mesh, device)
+    rows, tightest = [], None
+    for cap in args.caps_gib:
+        row = {"N": args.n, "kernels": args.kernels, **one_cap(adapter, model, batch, device, cap)}
+        print(json.dumps({k: v for k, v in row.items() if k != "chunks"}), flush=True)
+        for c in row.get("chunks", []):
+            print("  chunk", json.dumps(c), flush=True)
+        rows.append(row)
+        if "oom" not in row:
+            tightest = row
+    if tightest is not None:  # the kernel table of the tightest cap that fitted
+        set_cap(device, tightest["cap_gib"])
+        tightest["profile"] = profile_table(adapter, model, batch)
+        print(f"profile at cap {tightest['cap_gib']} GiB:\n{tightest['profile']}", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"rows": rows, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}, f,
+                      indent=1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
