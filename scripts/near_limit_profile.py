@@ -153,7 +153,7 @@ def main() -> None:
     p.add_argument("--n", type=int, default=8192)
     p.add_argument("--caps-gib", type=float, nargs="+", default=[0.0, 36.0, 34.5], help="0: no cap")
     p.add_argument("--kernels", default="flex")
-    p.add_argument("--device", default="cuda", help="cpu: a dry run of the script (no caps, fp32)")
+    p.add_argument("--device", default="cuda:0", help="cpu: a dry run of the script (no caps, fp32)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

@@ -125,7 +125,7 @@ def main() -> None:
     p.add_argument("--variants", nargs="+", default=["as_is", "no_free_query", "no_stage_peaks"])
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--device", default="cuda:0")
     p.add_argument("--blocks", type=int, default=64)
     p.add_argument("--out", default=None)
     args = p.parse_args()
