@@ -7,6 +7,9 @@
 #         cost, readings per step, dynamo's recompiles), then where a near-limit trunk step's time
 #         goes (scripts/near_limit_profile.py: one boltz2 block at N=8,192 without a cap and under
 #         caps that leave a near-limit point's few GiB free; per-op seconds, chunk sizes, kernels).
+# CALL e: #17 side by side after the free-memory reading's fix: the 64-block trunk pass at N=512 and
+#         N=2,048, kernels=flex then torch; then one step of one block at N=16,384 (near the real
+#         limit, no cap) with its per-op seconds, chunk sizes and kernel table (near_limit_profile --single).
 set -u
 CALLS=${1:?call name(s)}
 OUT=${OUT:?set OUT}
@@ -22,6 +25,14 @@ for CALL in $CALLS; do
        script_phase near_limit_8192 python3 scripts/near_limit_profile.py --n 8192 --caps-gib 0 38 36 35 \
          --out "$OUT/near_limit_8192.json"
        grep -v '^ *chunk\|^{' "$OUT/near_limit_8192.log" | tail -45 ;;
+    e) TRUNK="model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing cp=1"
+       point trunk512_flex 60 $TRUNK N=512 model.kernels=flex timing.timeout_s=90
+       point trunk512_torch 45 $TRUNK N=512 model.kernels=torch timing.timeout_s=60
+       point trunk2048_flex 120 $TRUNK N=2048 model.kernels=flex timing.timeout_s=200
+       point trunk2048_torch 130 $TRUNK N=2048 model.kernels=torch timing.timeout_s=150
+       PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True script_phase near_limit_16384 python3 \
+         scripts/near_limit_profile.py --single --n 16384 --out "$OUT/near_limit_16384.json"
+       grep -v '^ *chunk\|^{' "$OUT/near_limit_16384.log" | tail -40 ;;
     *) echo "unknown call $CALL"; exit 2 ;;
   esac
 done

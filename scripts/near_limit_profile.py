@@ -121,6 +121,30 @@ def profile_table(adapter, model, batch) -> str:
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70)
 
 
+def single_step(adapter, model, batch, device) -> dict:
+    """``--single``: one step (its compilation included) with the op clock, the chunk log and the
+    profiler all on: the cheapest look at a point whose step takes minutes (near the real limit)."""
+    row = {"cap_gib": 0.0, "single": True}
+    block = next(m for m in model.modules() if isinstance(m, PairformerBlock))
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    try:
+        with ChunkLog() as log, OpClock(block) as clock, torch.profiler.profile(activities=acts) as prof:
+            t0 = time.perf_counter()
+            adapter.run_step(model, batch, False)
+            _sync()
+            row["step_s"] = round(time.perf_counter() - t0, 2)
+        row["op_s"] = {k: round(v, 3) for k, v in clock.seconds.items()}
+        row["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / GIB, 2)
+        row["allocator"] = {k: v for k, v in torch.cuda.memory_stats(device).items()
+                            if k in ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free")}
+        row["chunks"] = log.rows()
+        row["stats"] = {k: v for k, v in adapter.stats().items() if k in ("stage_ms", "compile_s")}
+        row["profile"] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70)
+    except torch.OutOfMemoryError as e:
+        row["oom"] = str(e).splitlines()[0][:300]
+    return row
+
+
 def one_cap(adapter, model, batch, device, cap_gib: float) -> dict:
     set_cap(device, cap_gib)
     row = {"cap_gib": cap_gib}
@@ -154,6 +178,7 @@ def main() -> None:
     p.add_argument("--caps-gib", type=float, nargs="+", default=[0.0, 36.0, 34.5], help="0: no cap")
     p.add_argument("--kernels", default="flex")
     p.add_argument("--device", default="cuda:0", help="cpu: a dry run of the script (no caps, fp32)")
+    p.add_argument("--single", action="store_true", help="one step, compile included, no cap (see single_step)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -168,6 +193,19 @@ def main() -> None:
     torch.manual_seed(0)
     model = adapter.build_model(mesh, device)
     batch = adapter.build_batch(args.n, 8 * args.n, 256, mesh, device)
+    if args.single:
+        row = {"N": args.n, "kernels": args.kernels, **single_step(adapter, model, batch, device)}
+        table = row.pop("profile", "")
+        print(json.dumps({k: v for k, v in row.items() if k != "chunks"}), flush=True)
+        for c in row.get("chunks", []):
+            print("  chunk", json.dumps(c), flush=True)
+        print(table, flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"rows": [{**row, "profile": table}], "torch": torch.__version__,
+                           "gpu": torch.cuda.get_device_name(device)}, f, indent=1)
+        dist.destroy_process_group()
+        return
     rows, tightest = [], None
     for cap in args.caps_gib:
         row = {"N": args.n, "kernels": args.kernels, **one_cap(adapter, model, batch, device, cap)}
@@ -183,8 +221,8 @@ def main() -> None:
         print(f"profile at cap {tightest['cap_gib']} GiB:\n{tightest['profile']}", flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"rows": rows, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}, f,
-                      indent=1)
+            gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+            json.dump({"rows": rows, "torch": torch.__version__, "gpu": gpu}, f, indent=1)
     dist.destroy_process_group()
 
 

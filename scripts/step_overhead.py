@@ -5,12 +5,13 @@ at a time (one GPU).
     python scripts/step_overhead.py --n 512 --kernels flex torch --out step_overhead.json
 
 Variants per backend: ``as_is``; ``no_free_query`` (the chunk budget's free-memory reading,
-``chunking._cuda_free_bytes``: ``mem_get_info`` plus two ``memory_stats`` dicts per op, replaced
+``chunking._cuda_free_bytes``: ``mem_get_info`` plus the allocator's counters per op, replaced
 by the first reading); ``no_stage_peaks`` (``StageTimer``'s per-stage peak reset and read off).
-Also: the host cost of each memory query (microseconds per call), how many free-memory readings
-one step makes, and dynamo's recompile counters. Each variant: ``--warmup`` untimed steps (compiles), then the median of ``--repeats`` steps
-(synchronized wall clock), and the block mean the adapter reports. Prints one JSON line per
-(backend, variant) and writes them all to ``--out``. Not a cpbench point: a diagnosis.
+Each variant: ``--warmup`` untimed steps (compiles), then the median of ``--repeats`` steps
+(synchronized wall clock), and the block mean the adapter reports. Also: the host cost of each
+memory query (microseconds per call), how many free-memory readings one step makes, and
+dynamo's recompile counters. Prints one JSON line per (backend, variant) and writes them all to
+``--out``. Not a cpbench point: a diagnosis.
 """
 
 from __future__ import annotations
