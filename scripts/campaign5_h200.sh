@@ -21,19 +21,11 @@ CALLS=${1:?call name(s)}
 OUT=${OUT:?set OUT}
 BUDGET_S=${BUDGET_S:-580}
 START=$(date +%s)
-source scripts/campaign_lib.sh  # gpu_setup, left, point, script_phase, archive_out
+source scripts/campaign_lib.sh  # gpu_setup, left, point, probe, script_phase, archive_out
 gpu_setup
 PROBE="routine=probe cp=1 model=boltz2 probe.verify=true"
 PREDICT="$PROBE probe.strategy=predict probe.start=1024 probe.depth=1"
 TRUNK="model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing cp=1"
-
-# probe NAME OVERRIDES...: one probe into $OUT/NAME (continuing $RESUME when set), then its points
-probe() {
-  local name=$1; shift
-  if [ -n "${RESUME:-}" ]; then cp -r "$RESUME" "$OUT/$name" && rm -f "$OUT/$name/result.json"; fi
-  point "$name" 60 "$@"
-  grep -h "probe N=\|predicted\|verify\|depth check\|continuing" "$OUT/$name.log" | cut -c1-400
-}
 
 for CALL in $CALLS; do
   case "$CALL" in

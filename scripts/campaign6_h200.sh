@@ -10,12 +10,15 @@
 # CALL e: #17 side by side after the free-memory reading's fix: the 64-block trunk pass at N=512 and
 #         N=2,048, kernels=flex then torch; then one step of one block at N=16,384 (near the real
 #         limit, no cap) with its per-op seconds, chunk sizes and kernel table (near_limit_profile --single).
+# CALL s: #18's cp=1 with-sampling max N (boltz2 defaults; probe depth 1), predict from N=1,024,
+#         granularity 512, verified; it stops starting points after S_BUDGET_S (default 400) and
+#         RESUME=<its folder> continues it in the next call (same cpbench/ sources).
 set -u
 CALLS=${1:?call name(s)}
 OUT=${OUT:?set OUT}
 BUDGET_S=${BUDGET_S:-580}
 START=$(date +%s)
-source scripts/campaign_lib.sh  # gpu_setup, left, point, script_phase, archive_out
+source scripts/campaign_lib.sh  # gpu_setup, left, point, probe, script_phase, archive_out
 gpu_setup
 
 for CALL in $CALLS; do
@@ -33,6 +36,8 @@ for CALL in $CALLS; do
        PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True script_phase near_limit_16384 python3 \
          scripts/near_limit_profile.py --single --n 16384 --out "$OUT/near_limit_16384.json"
        grep -v '^ *chunk\|^{' "$OUT/near_limit_16384.log" | tail -40 ;;
+    s) probe sampling_cp1 routine=probe cp=1 model=boltz2 probe.verify=true probe.strategy=predict \
+         probe.start=1024 probe.depth=1 probe.granularity=512 probe.timeout_s=330 probe.budget_s=${S_BUDGET_S:-400} ;;
     *) echo "unknown call $CALL"; exit 2 ;;
   esac
 done

@@ -25,6 +25,15 @@ point() {
   echo "phase $name rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/$name.log" | cut -c1-600)"
 }
 
+# probe NAME OVERRIDES...: one probe into $OUT/NAME (continuing $RESUME, an earlier call's probe
+# folder carried in the tree, when set), then its points
+probe() {
+  local name=$1; shift
+  if [ -n "${RESUME:-}" ]; then cp -r "$RESUME" "$OUT/$name" && rm -f "$OUT/$name/result.json"; fi
+  point "$name" 60 "$@"
+  grep -h "probe N=\|predicted\|verify\|depth check\|continuing" "$OUT/$name.log" | cut -c1-400
+}
+
 # script_phase NAME COMMAND...: a diagnostic script when more than 60 s remain, killed 5 s before
 # the budget ends, its output in $OUT/NAME.log; prints its JSON lines.
 script_phase() {
