@@ -33,6 +33,10 @@ from cpbench.models.pairformer.parallel.layout import Layout, layout_from_mesh
 from cpbench.models.pairformer.parallel.padding import token_multiple
 from cpbench.models.pairformer.stage_timer import StageTimer, now_s
 
+# Recycling passes a probe step runs (``run_blocks`` set): the second pass is the first that
+# starts from a recycled z, and every later one repeats its allocations; on the tiny CPU preset a
+# third pass was a third of the quick start's time.
+PROBE_RECYCLES = 1
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 
 
@@ -130,10 +134,11 @@ class PairformerAdapter:
         Training: forward, backward, gradient all-reduce and an AdamW step; returns the global
         loss (same on every rank); the diffusion module is not trained.
 
-        ``run_blocks=k`` (probe depth) runs k trunk blocks in ``min(k, recycles) + 1`` passes
+        ``run_blocks=k`` (probe depth) runs k trunk blocks in ``min(1, recycles) + 1`` passes
         and, when sampling, ``min(k, sampling_steps)`` sampler steps of k token blocks each: a
         step's peak does not depend on how many blocks, passes or steps ran before it (recycling
-        updates z in place; the probe checks that the peak matches the full step's).
+        updates z in place, so a third pass repeats the second's allocations; the probe checks
+        that the peak matches the full step's).
 
         ``lean=True`` (the probe's fitting points) runs every op with the lean chunk budget
         (``chunking.lean_budgets``): the step's peak is the trunk's irreducible memory.
@@ -144,7 +149,7 @@ class PairformerAdapter:
     def _step(self, model: nn.Module, batch: dict[str, torch.Tensor], train: bool,
               run_blocks: int | None) -> torch.Tensor | None:
         layout: Layout = model.layout
-        recycles = self.recycles if run_blocks is None else min(self.recycles, run_blocks)
+        recycles = self.recycles if run_blocks is None else min(self.recycles, PROBE_RECYCLES)
         comm.BYTES.reset()
         timer = StageTimer(batch["token_mask"].device)
         start_s = now_s(batch["token_mask"])
