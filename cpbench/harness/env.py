@@ -41,9 +41,17 @@ _HELD_CLOCK_REASONS = 0x2
 
 
 def git_commit(repo_dir: str | os.PathLike | None = None) -> str | None:
-    """The project's git commit (``+dirty`` when the tree has changes), or None outside git."""
-    cwd = Path(repo_dir) if repo_dir else Path(__file__).resolve().parent
+    """The commit of the checkout at ``repo_dir`` (default: the project root, the folder above
+    the ``cpbench`` package), ``+dirty`` when its tracked files have changes; None outside git,
+    and None when ``repo_dir`` is not the top of its checkout (sources copied into a folder of
+    another checkout, such as a GPU snapshot unpacked there: that checkout's commit is not
+    theirs)."""
+    cwd = Path(repo_dir).resolve() if repo_dir else Path(__file__).resolve().parents[2]
     try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=cwd, capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()
+        if Path(top).resolve() != cwd:
+            return None
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True,
                                 text=True, timeout=10, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,

@@ -1,6 +1,7 @@
 """env_metadata: software + device facts, NVML read through a fake pynvml, never failing."""
 
 import os
+import subprocess
 import sys
 import types
 
@@ -107,3 +108,24 @@ def test_nvml_that_fails_to_start_is_recorded_not_raised(nvml):
     nvml(fail={"nvmlInit"})
     env = env_mod.env_metadata("cuda")
     assert env["gpu_model"] is None and "nvml_error" in env
+
+
+def test_git_commit_is_the_checkouts_own_and_null_for_sources_copied_into_another(tmp_path):
+    """A checkout's top gives its commit (``+dirty`` after a tracked change); a folder inside
+    another checkout (a GPU snapshot unpacked there) gives None, not the outer checkout's commit."""
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+    git("init", "-q")
+    git("config", "user.email", "t@example.com")
+    git("config", "user.name", "t")
+    (tmp_path / "a.txt").write_text("1")
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "b.txt").write_text("2")
+    git("add", "a.txt")
+    git("commit", "-q", "-m", "one")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert env_mod.git_commit(tmp_path) == head
+    (tmp_path / "a.txt").write_text("changed")
+    assert env_mod.git_commit(tmp_path) == head + "+dirty"
+    assert env_mod.git_commit(tmp_path / "copy") is None
+    assert env_mod.git_commit() is not None  # this checkout: the tests run from its top
