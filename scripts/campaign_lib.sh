@@ -9,6 +9,8 @@ gpu_setup() {
   source scripts/gpu_env.sh > "$OUT/env.txt" 2>&1 || { cat "$OUT/env.txt"; exit 1; }
   cat "$OUT/env.txt"
   cat commit.txt > "$OUT/commit.txt" 2>/dev/null || true
+  # the snapshot has no .git of its own: its commit goes into every result.json's env.git_commit
+  if [ -f commit.txt ]; then export CPBENCH_GIT_COMMIT=$(cat commit.txt); fi
   nvidia-smi > "$OUT/nvidia-smi_before.txt" 2>&1
 }
 

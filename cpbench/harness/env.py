@@ -40,12 +40,18 @@ GPU_KEYS = ("gpu_model", "gpu_count", "gpu_memory_gib", "driver", "sm_clock_mhz"
 _HELD_CLOCK_REASONS = 0x2
 
 
+GIT_COMMIT_ENV = "CPBENCH_GIT_COMMIT"
+
+
 def git_commit(repo_dir: str | os.PathLike | None = None) -> str | None:
     """The commit of the checkout at ``repo_dir`` (default: the project root, the folder above
     the ``cpbench`` package), ``+dirty`` when its tracked files have changes; None outside git,
     and None when ``repo_dir`` is not the top of its checkout (sources copied into a folder of
     another checkout, such as a GPU snapshot unpacked there: that checkout's commit is not
-    theirs)."""
+    theirs). Without ``repo_dir``, an exported ``CPBENCH_GIT_COMMIT`` wins: sources deployed
+    without their ``.git`` (``git archive``, a GPU snapshot) say which commit they are."""
+    if repo_dir is None and os.environ.get(GIT_COMMIT_ENV):
+        return os.environ[GIT_COMMIT_ENV]
     cwd = Path(repo_dir).resolve() if repo_dir else Path(__file__).resolve().parents[2]
     try:
         top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=cwd, capture_output=True,

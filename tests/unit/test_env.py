@@ -110,7 +110,7 @@ def test_nvml_that_fails_to_start_is_recorded_not_raised(nvml):
     assert env["gpu_model"] is None and "nvml_error" in env
 
 
-def test_git_commit_is_the_checkouts_own_and_null_for_sources_copied_into_another(tmp_path):
+def test_git_commit_is_the_checkouts_own_and_null_for_sources_copied_into_another(tmp_path, monkeypatch):
     """A checkout's top gives its commit (``+dirty`` after a tracked change); a folder inside
     another checkout (a GPU snapshot unpacked there) gives None, not the outer checkout's commit."""
     def git(*args):
@@ -128,4 +128,7 @@ def test_git_commit_is_the_checkouts_own_and_null_for_sources_copied_into_anothe
     (tmp_path / "a.txt").write_text("changed")
     assert env_mod.git_commit(tmp_path) == head + "+dirty"
     assert env_mod.git_commit(tmp_path / "copy") is None
+    monkeypatch.delenv(env_mod.GIT_COMMIT_ENV, raising=False)
     assert env_mod.git_commit() is not None  # this checkout: the tests run from its top
+    monkeypatch.setenv(env_mod.GIT_COMMIT_ENV, "abc1234")  # sources deployed without .git say it
+    assert env_mod.git_commit() == "abc1234"
