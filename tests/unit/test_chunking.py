@@ -108,3 +108,39 @@ def test_lean_budgets_are_a_32nd_of_a_cuda_pair_shard_or_a_100th_of_the_device_a
         with chunking.override_budget(7):
             assert chunking.budget_bytes(_CudaPair(32 * GIB)) == 7
     assert chunking.budget_bytes(_CudaPair(32 * GIB)) == 14 * GIB
+
+
+@pytest.mark.parametrize("c, ck_budget, ck_scratch_max", [(128, 2, 128), (128, 1, 128), (128, 16, 128),
+                                                           (128, 128, 128), (128, 2, 8), (128, 2, 0), (8, 1, 8),
+                                                           (7, 1, 7), (3, 1, 3), (1, 1, 1)])
+def test_scratch_channel_chunks_cover_every_channel_once_and_keep_operands_in_unfilled_channels(
+        c, ck_budget, ck_scratch_max):
+    chunks = chunking.scratch_channel_chunks(c, ck_budget, ck_scratch_max)
+    assert [ch for cs, _ in chunks for ch in range(cs.start, cs.stop)] == list(range(c))
+    for cs, in_scratch in chunks:
+        k = cs.stop - cs.start
+        if in_scratch:  # output, left and right all inside the unfilled channels; a power of two
+            assert cs.stop + 2 * k <= c and k & (k - 1) == 0
+            assert ck_budget < k <= ck_scratch_max
+        else:
+            assert k <= ck_budget
+    # never more chunks than the budget's own chunks, and far fewer when the budget is small
+    assert len(chunks) <= -(-c // ck_budget)
+    if (c, ck_budget, ck_scratch_max) == (128, 2, 128):
+        assert len(chunks) == 12  # against 64 chunks of 2
+
+
+def test_scratch_chunks_shrink_to_clear_the_floor_of_a_free_memory_budget():
+    """A chunk's operand rows must clear ``rows_per_chunk``'s floor under a free-memory budget, so
+    near the limit the scratch chunks are only as large as that allows (a plain int: any)."""
+    from cpbench.models.pairformer.layers.trimul import TriangleMultiplication
+    from cpbench.models.pairformer.parallel.layout import serial_layout
+
+    op, n_local, n_pad, c_z, es = TriangleMultiplication(128), 4096, 4096, 128, 2
+    row_b = op._operand_row_bytes(n_pad, c_z, 8, es)
+    tight = FreeMemoryBudget(row_b * MIN_ROWS_PER_CHUNK)  # room for 8 channels' rows, not 16
+    assert op._scratch_max(n_local, n_pad, c_z, es, tight, serial_layout()) == 8
+    assert chunking.clears_floor(n_local, op._operand_row_bytes(n_pad, c_z, 8, es), tight)
+    assert not chunking.clears_floor(n_local, op._operand_row_bytes(n_pad, c_z, 16, es), tight)
+    assert op._scratch_max(n_local, n_pad, c_z, es, int(tight), serial_layout()) == 128
+    assert op._scratch_max(n_local, n_pad, c_z, es, FreeMemoryBudget(1), serial_layout()) == 0

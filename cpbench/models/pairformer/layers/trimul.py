@@ -28,7 +28,9 @@ class TriangleMultiplication(nn.Module):
     (outgoing) or of Z^T (incoming), and returns z plus the update in the same layout. Without
     autograd the update is added in place and the work is chunked: over channels for the
     projections and the product (the full ``[c, N/P, N]`` product plus two channel chunks of
-    the operands live at once), over rows for the output stage. With autograd the same chunks
+    the operands live at once; in serial and 1d the first chunks keep their operands in the
+    product's unfilled channels, ``chunking.scratch_channel_chunks``), over rows for the output
+    stage. With autograd the same chunks
     are checkpointed when the op's activations would not fit the budget (``chunking.py``).
     """
 
@@ -78,6 +80,23 @@ class TriangleMultiplication(nn.Module):
         """``x_rows: [c, r, N]``, ``z_rows: [r, N, c_z]`` -> update ``[r, N, c_z]``."""
         return self._update(x_rows.permute(1, 2, 0), z_rows)
 
+    @staticmethod
+    def _operand_row_bytes(n_pad: int, c_z: int, k: int, es: int) -> int:
+        """Transient bytes per row while ``_operands`` computes ``k`` channels (LayerNorm'd z
+        and the ``4k`` projections)."""
+        return n_pad * (2 * c_z + 8 * k) * es
+
+    def _scratch_max(self, n_local: int, n_pad: int, c_z: int, es: int, budget_b: int, layout: Layout) -> int:
+        """The largest power-of-two channel chunk whose operand rows clear the chunk floor under
+        ``budget_b``; 0 in 2d, where the Cannon walk copies its operands (``CANNON_OPERAND_COPIES``)
+        and the chunk must stay within the budget."""
+        if layout.kind == TWO_D:
+            return 0
+        k = 1 << (c_z.bit_length() - 1)
+        while k >= 1 and not chunking.clears_floor(n_local, self._operand_row_bytes(n_pad, c_z, k, es), budget_b):
+            k //= 2
+        return k
+
     def _forward_autograd(self, z: torch.Tensor, mask: torch.Tensor, layout: Layout) -> torch.Tensor:
         n_local, n_pad, c_z = z.shape
         pair_b = z.numel() * z.element_size()
@@ -105,11 +124,19 @@ class TriangleMultiplication(nn.Module):
         # too); keep them within half the budget.
         copies = CANNON_OPERAND_COPIES if layout.kind == TWO_D else 2
         ck = chunking.divisor_chunk(c_z, copies * n_local * n_pad * es, budget_b // 2)
-        ck = comm.agree_min(ck, layout, z)  # each channel chunk runs collectives
-        rc = chunking.rows_per_chunk(n_local, n_pad * (2 * c_z + 8 * ck) * es, budget_b // 2)
-        for cs in chunking.slices(c_z, ck):
-            left = z.new_empty((cs.stop - cs.start, n_local, n_pad))
-            right = torch.empty_like(left)
+        # Every channel chunk re-reads all of z (LayerNorm and projections), so near the limit,
+        # where ck is 1-2 channels, the early chunks keep their operands in x's unfilled channels
+        # instead (chunking.scratch_channel_chunks): fewer, larger chunks and no allocation.
+        ck_scratch = self._scratch_max(n_local, n_pad, c_z, es, budget_b // 2, layout)
+        ck, ck_scratch = comm.agree_min(ck, layout, z), comm.agree_min(ck_scratch, layout, z)  # chunks run collectives
+        for cs, in_scratch in chunking.scratch_channel_chunks(c_z, ck, ck_scratch):
+            k = cs.stop - cs.start
+            if in_scratch:
+                left, right = x[cs.stop:cs.stop + k], x[cs.stop + k:cs.stop + 2 * k]
+            else:
+                left = z.new_empty((k, n_local, n_pad))
+                right = torch.empty_like(left)
+            rc = chunking.rows_per_chunk(n_local, self._operand_row_bytes(n_pad, c_z, k, es), budget_b // 2)
             for rs in chunking.slices(n_local, rc):
                 left[:, rs], right[:, rs] = self._operands(z[rs], mask[rs], cs)
             triangle_product(left, right, layout, out=x[cs])

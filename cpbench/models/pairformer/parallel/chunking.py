@@ -187,6 +187,12 @@ def rows_per_chunk(n_rows: int, bytes_per_row: int, budget_b: int) -> int:
     return _rows_fit(n_rows, bytes_per_row, budget_b)
 
 
+def clears_floor(n_rows: int, bytes_per_row: int, budget_b: int) -> bool:
+    """Whether ``rows_per_chunk(n_rows, bytes_per_row, budget_b)`` returns rather than raising
+    ``ChunkBudgetFloor`` (always, for a plain-int budget)."""
+    return not (isinstance(budget_b, FreeMemoryBudget) and budget_b < bytes_per_row * min(n_rows, MIN_ROWS_PER_CHUNK))
+
+
 def _caller() -> str:
     """``module.function`` of the op that asked ``rows_per_chunk`` (for the floor's message)."""
     frame = sys._getframe(2)
@@ -208,3 +214,28 @@ def divisor_chunk(n: int, bytes_per_unit: int, budget_b: int) -> int:
     is legitimately zero near the limit in training."""
     fit = _rows_fit(n, bytes_per_unit, budget_b)
     return max(d for d in range(1, fit + 1) if n % d == 0)
+
+
+def scratch_channel_chunks(c: int, ck_budget: int, ck_scratch_max: int) -> list[tuple[slice, bool]]:
+    """Channel chunks of an op that fills a ``[c, ...]`` output chunk by chunk and needs two
+    operand chunks of the same shape per chunk (the lean triangle multiplication): ``(channels,
+    in_scratch)`` in order. While the output's unfilled channels hold three chunks, a chunk's two
+    operands live in them (``in_scratch``: channels ``cs.stop .. cs.stop + 2·len(cs)``, no
+    allocation) and the chunk is the largest power of two that fits a third of them, capped at
+    ``ck_scratch_max``; where that is no larger than ``ck_budget`` (what the free memory holds)
+    the rest goes in ``ck_budget`` chunks with operands allocated as before. Near the memory limit
+    ``ck_budget`` is 1–2 channels, and each chunk re-reads the whole input: 128 channels took 64
+    chunks at 2, and take 12 with this schedule.
+
+    Example: ``scratch_channel_chunks(128, 2, 128)`` -> chunks of 32, 32, 16, 16, 8, 8, 4, 4
+    (operands in scratch), then 2, 2, 2, 2, 2, 2, 2, 2, 2, 2.
+    """
+    chunks, done = [], 0
+    while done < c:
+        third = min((c - done) // 3, ck_scratch_max)
+        ck = 1 << (third.bit_length() - 1) if third >= 1 else 0
+        in_scratch = ck > ck_budget
+        ck = ck if in_scratch else min(ck_budget, c - done)
+        chunks.append((slice(done, done + ck), in_scratch))
+        done += ck
+    return chunks
