@@ -68,15 +68,15 @@ def test_probe_depth_cuts_sampler_steps_and_token_blocks():
 
 
 def test_probe_depth_cuts_recycling_passes():
-    """``run_blocks=k`` runs ``min(1, recycles) + 1`` trunk passes whatever k (recycling updates z
-    in place, so a third pass repeats the second's allocations); the full step runs ``recycles + 1``."""
+    """``run_blocks=k`` runs one trunk pass whatever k (recycling updates z in place, so every
+    pass repeats the first's allocations); the full step runs ``recycles + 1``."""
     torch.manual_seed(0)
     adapter = PairformerAdapter(**TINY, dtype="fp32", recycles=3, sampling=False)
     model = adapter.build_model(None, CPU)
     batch = adapter.build_batch(24, 24 * 6, 4, None, CPU)
     passes = []
     model.blocks[0].register_forward_hook(lambda *_: passes.append(1))
-    for run_blocks, expected in ((1, 2), (2, 2), (None, 4)):
+    for run_blocks, expected in ((1, 1), (2, 1), (None, 4)):
         passes.clear()
         adapter.run_step(model, batch, train=False, run_blocks=run_blocks)
         assert len(passes) == expected, (run_blocks, len(passes))

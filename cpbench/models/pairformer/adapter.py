@@ -33,10 +33,12 @@ from cpbench.models.pairformer.parallel.layout import Layout, layout_from_mesh
 from cpbench.models.pairformer.parallel.padding import token_multiple
 from cpbench.models.pairformer.stage_timer import StageTimer, now_s
 
-# Recycling passes a probe step runs (``run_blocks`` set): the second pass is the first that
-# starts from a recycled z, and every later one repeats its allocations; on the tiny CPU preset a
-# third pass was a third of the quick start's time.
-PROBE_RECYCLES = 1
+# Recycling passes a probe step runs (``run_blocks`` set) besides the last: none. Without
+# autograd every pass writes the pair init into the same z in place (``PairformerTrunk._recycle``)
+# and then runs the same ops, so each pass repeats the first's allocations (the probe's depth
+# check still compares against the full step, all passes); on the tiny CPU preset each pass was
+# a third of the quick start's time, and a near-limit H200 point with sampling took ~300 s in two.
+PROBE_RECYCLES = 0
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 
 
@@ -134,11 +136,11 @@ class PairformerAdapter:
         Training: forward, backward, gradient all-reduce and an AdamW step; returns the global
         loss (same on every rank); the diffusion module is not trained.
 
-        ``run_blocks=k`` (probe depth) runs k trunk blocks in ``min(1, recycles) + 1`` passes
-        and, when sampling, ``min(k, sampling_steps)`` sampler steps of k token blocks each: a
-        step's peak does not depend on how many blocks, passes or steps ran before it (recycling
-        updates z in place, so a third pass repeats the second's allocations; the probe checks
-        that the peak matches the full step's).
+        ``run_blocks=k`` (probe depth) runs k trunk blocks in one pass (``PROBE_RECYCLES``) and,
+        when sampling, ``min(k, sampling_steps)`` sampler steps of k token blocks each: a step's
+        peak does not depend on how many blocks, passes or steps ran before it (recycling updates
+        z in place, so every pass repeats the first's allocations; the probe checks that the peak
+        matches the full step's).
 
         ``lean=True`` (the probe's fitting points) runs every op with the lean chunk budget
         (``chunking.lean_budgets``): the step's peak is the trunk's irreducible memory.
