@@ -53,8 +53,8 @@ def test_training_budget_leaves_room_for_the_backward(monkeypatch):
     gib = 1 << 30
     pair = SimpleNamespace(is_cuda=True, device="cuda:0", numel=lambda: gib // 2, element_size=lambda: 2)  # 1 GiB
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (30 * gib, 140 * gib))
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 12 * gib)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 10 * gib)
+    stats = {"allocated_bytes": {"all": {"current": 10 * gib}}, "reserved_bytes": {"all": {"current": 12 * gib}}}
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", lambda device: stats)
     monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 1.0, raising=False)
     default = chunking.budget_bytes(pair)
     training = chunking.training_budget_bytes(pair)
