@@ -30,8 +30,8 @@ class TriangleMultiplication(nn.Module):
     projections and the product (the full ``[c, N/P, N]`` product plus two channel chunks of
     the operands live at once; in serial and 1d the first chunks keep their operands in the
     product's unfilled channels, ``chunking.scratch_channel_chunks``), over rows for the output
-    stage. With autograd the same chunks
-    are checkpointed when the op's activations would not fit the budget (``chunking.py``).
+    stage. With autograd the same chunks are checkpointed when the op's activations would not
+    fit the budget (``chunking.py``).
     """
 
     def __init__(self, c_z: int, incoming: bool = False) -> None:
@@ -128,7 +128,7 @@ class TriangleMultiplication(nn.Module):
         # where ck is 1-2 channels, the early chunks keep their operands in x's unfilled channels
         # instead (chunking.scratch_channel_chunks): fewer, larger chunks and no allocation.
         ck_scratch = self._scratch_max(n_local, n_pad, c_z, es, budget_b // 2, layout)
-        ck, ck_scratch = comm.agree_min(ck, layout, z), comm.agree_min(ck_scratch, layout, z)  # chunks run collectives
+        ck, ck_scratch = comm.agree_min((ck, ck_scratch), layout, z)  # each channel chunk runs collectives
         for cs, in_scratch in chunking.scratch_channel_chunks(c_z, ck, ck_scratch):
             k = cs.stop - cs.start
             if in_scratch:

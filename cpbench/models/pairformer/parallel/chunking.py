@@ -178,7 +178,7 @@ def rows_per_chunk(n_rows: int, bytes_per_row: int, budget_b: int) -> int:
         ChunkBudgetFloor: ``budget_b`` is a ``FreeMemoryBudget`` that holds fewer than
             ``min(n_rows, MIN_ROWS_PER_CHUNK)`` rows (out of memory at this N).
     """
-    if isinstance(budget_b, FreeMemoryBudget) and budget_b < bytes_per_row * min(n_rows, MIN_ROWS_PER_CHUNK):
+    if not clears_floor(n_rows, bytes_per_row, budget_b):
         mib = float(1 << 20)
         raise ChunkBudgetFloor(
             f"chunk budget floor: {_caller()} needs {bytes_per_row / mib:.1f} MiB per row "

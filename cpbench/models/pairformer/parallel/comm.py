@@ -64,8 +64,9 @@ def all_reduce_(t: torch.Tensor, layout: Layout) -> torch.Tensor:
     return t
 
 
-def agree_min(n: int, layout: Layout, like: torch.Tensor) -> int:
-    """The smallest ``n`` over the layout's group (one tiny all-reduce on ``like``'s device).
+def agree_min(n: int | tuple[int, ...], layout: Layout, like: torch.Tensor) -> int | tuple[int, ...]:
+    """The smallest ``n`` over the layout's group (one tiny all-reduce on ``like``'s device); a
+    tuple of values is agreed element by element in the same all-reduce.
 
     Chunk sizes come from each rank's free memory, which differs slightly between GPUs; a loop
     whose iterations issue collectives, or point-to-point steps that pair ranks up, must run the
@@ -73,10 +74,10 @@ def agree_min(n: int, layout: Layout, like: torch.Tensor) -> int:
     """
     if not layout.sharded:
         return n
-    t = torch.tensor([n], dtype=torch.int64, device=like.device)
+    t = torch.tensor(n if isinstance(n, tuple) else [n], dtype=torch.int64, device=like.device)
     dist.all_reduce(t, op=dist.ReduceOp.MIN, group=layout.group)
-    BYTES.add(2 * (layout.size - 1) * t.element_size() / layout.size)
-    return int(t.item())
+    BYTES.add(2 * (layout.size - 1) * t.numel() * t.element_size() / layout.size)
+    return tuple(t.tolist()) if isinstance(n, tuple) else int(t.item())
 
 
 class _AllGatherRows(torch.autograd.Function):
