@@ -12,11 +12,8 @@
 #         kernels=flex with the compiled training path, then kernels=torch.
 set -u
 CALL=${1:?call name}
-OUT=${OUT:?set OUT}
-BUDGET_S=${BUDGET_S:-575}
-START=$(date +%s)
-source scripts/campaign_lib.sh  # gpu_setup, left, point, script_phase, archive_out
-gpu_setup
+source scripts/campaign_lib.sh  # campaign_begin, left, point, script_phase, archive_out, campaign_end
+campaign_begin 575
 TRUNK="model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing cp=1"
 TRAIN="model=boltz2 workflow=training routine=timing cp=1"
 
@@ -54,5 +51,4 @@ case "$CALL" in
     ;;
   *) echo "unknown call $CALL"; exit 2 ;;
 esac
-nvidia-smi > "$OUT/nvidia-smi_after.txt" 2>&1
-archive_out
+campaign_end

@@ -18,11 +18,8 @@
 # probe.budget_s and probe.max_points, are not: R_BUDGET_S sets call r's).
 set -u
 CALLS=${1:?call name(s)}
-OUT=${OUT:?set OUT}
-BUDGET_S=${BUDGET_S:-580}
-START=$(date +%s)
-source scripts/campaign_lib.sh  # gpu_setup, left, point, probe, script_phase, archive_out
-gpu_setup
+source scripts/campaign_lib.sh  # campaign_begin, left, point, probe, script_phase, archive_out, campaign_end
+campaign_begin 580
 PROBE="routine=probe cp=1 model=boltz2 probe.verify=true"
 PREDICT="$PROBE probe.strategy=predict probe.start=1024 probe.depth=1"
 TRUNK="model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing cp=1"
@@ -43,5 +40,4 @@ for CALL in $CALLS; do
     *) echo "unknown call $CALL"; exit 2 ;;
   esac
 done
-nvidia-smi > "$OUT/nvidia-smi_after.txt" 2>&1
-archive_out
+campaign_end

@@ -15,11 +15,8 @@
 #         RESUME=<its folder> continues it in the next call (same cpbench/ sources).
 set -u
 CALLS=${1:?call name(s)}
-OUT=${OUT:?set OUT}
-BUDGET_S=${BUDGET_S:-580}
-START=$(date +%s)
-source scripts/campaign_lib.sh  # gpu_setup, left, point, probe, script_phase, archive_out
-gpu_setup
+source scripts/campaign_lib.sh  # campaign_begin, left, point, probe, script_phase, archive_out, campaign_end
+campaign_begin 580
 
 for CALL in $CALLS; do
   case "$CALL" in
@@ -41,5 +38,4 @@ for CALL in $CALLS; do
     *) echo "unknown call $CALL"; exit 2 ;;
   esac
 done
-nvidia-smi > "$OUT/nvidia-smi_after.txt" 2>&1
-archive_out
+campaign_end

@@ -7,15 +7,12 @@
 #         (call e: 67.6 s) and N=8,192 under the same caps as call d (35 GiB: 7.17 s).
 # CALL g: #22, the default job as the README gives it (`python -m cpbench`), for as long as the
 #         call lasts; its log says how far it got.
-# CALL k: #17, one training step at N=1,536 (64 blocks, checkpointing, AdamW), kernels=flex with
-#         model.compile_training=true, then kernels=torch.
+# #17's training step at N=1,536 (flex with model.compile_training=true, then torch) is
+# campaign4_h200.sh's call g.
 set -u
 CALLS=${1:?call name(s)}
-OUT=${OUT:?set OUT}
-BUDGET_S=${BUDGET_S:-580}
-START=$(date +%s)
-source scripts/campaign_lib.sh  # gpu_setup, left, point, probe, script_phase, archive_out
-gpu_setup
+source scripts/campaign_lib.sh  # campaign_begin, left, point, probe, script_phase, archive_out, campaign_end
+campaign_begin 580
 
 for CALL in $CALLS; do
   case "$CALL" in
@@ -24,11 +21,7 @@ for CALL in $CALLS; do
        script_phase near_limit_8192 python3 scripts/near_limit_profile.py --n 8192 --caps-gib 0 36 35 \
          --out "$OUT/near_limit_8192.json" ;;
     g) point default_job 120 ;;
-    k) TRAIN="model=boltz2 workflow=training routine=timing cp=1 N=1536"
-       point train1536_flex 200 $TRAIN model.kernels=flex model.compile_training=true timing.timeout_s=400
-       point train1536_torch 150 $TRAIN model.kernels=torch timing.timeout_s=300 ;;
     *) echo "unknown call $CALL"; exit 2 ;;
   esac
 done
-nvidia-smi > "$OUT/nvidia-smi_after.txt" 2>&1
-archive_out
+campaign_end

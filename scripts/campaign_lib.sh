@@ -1,6 +1,22 @@
-# Shared by the GPU campaign scripts (campaign3/4/5_h200.sh, campaign_stock_h200.sh): source it after
-# setting OUT (the call's output folder), BUDGET_S (seconds the call may take) and START (its
-# start, date +%s); PYTHON (default python3) runs cpbench.
+# Shared by the GPU campaign scripts (campaign3-7_h200.sh, campaign_stock_h200.sh): source it, then
+# `campaign_begin DEFAULT_BUDGET_S` (or set OUT, BUDGET_S and START yourself, as the stock script
+# does) and end with `campaign_end`. OUT: the call's output folder; BUDGET_S: seconds the call may
+# take; START: its start (date +%s); PYTHON (default python3) runs cpbench.
+
+# campaign_begin DEFAULT_BUDGET_S: checks OUT, takes BUDGET_S from the environment or the default,
+# starts the clock and runs gpu_setup.
+campaign_begin() {
+  OUT=${OUT:?set OUT}
+  BUDGET_S=${BUDGET_S:-$1}
+  START=$(date +%s)
+  gpu_setup
+}
+
+# campaign_end: nvidia-smi after the call, and the archive of $OUT.
+campaign_end() {
+  nvidia-smi > "$OUT/nvidia-smi_after.txt" 2>&1
+  archive_out
+}
 
 # On the GPU machine, a call's preamble: $OUT, the carried wheels (scripts/gpu_env.sh, its output
 # in $OUT/env.txt; a failure ends the call), the commit that runs, and nvidia-smi before.
