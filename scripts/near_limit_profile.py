@@ -17,21 +17,17 @@ import argparse
 import collections
 import functools
 import json
-import os
 import sys
 import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from one_gpu import one_rank_mesh, trunk_setup
 
-from cpbench.models.pairformer.adapter import PairformerAdapter
 from cpbench.models.pairformer.modules.block import PairformerBlock
 from cpbench.models.pairformer.parallel import chunking
 
 GIB = 1 << 30
-BOLTZ2 = dict(c_s=384, c_z=128, blocks=1, heads_single=16, heads_tri=4, head_dim_tri=32, transition_factor=4,
-              msa_blocks=0, recycles=0, sampling=False, dtype="bf16")
 
 
 class ChunkLog:
@@ -181,18 +177,10 @@ def main() -> None:
     p.add_argument("--single", action="store_true", help="one step, compile included, no cap (see single_step)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29512")
     device = torch.device(args.device)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
-    mesh = init_device_mesh(device.type, (1,), mesh_dim_names=("cp",))
-    sizes = BOLTZ2 if device.type == "cuda" else {**BOLTZ2, "dtype": "fp32"}
-    adapter = PairformerAdapter(**sizes, kernels=args.kernels)
-    torch.manual_seed(0)
-    model = adapter.build_model(mesh, device)
-    batch = adapter.build_batch(args.n, 8 * args.n, 256, mesh, device)
+    mesh = one_rank_mesh(device, 29512)
+    adapter, model, batch = trunk_setup(args.n, 1, args.kernels, mesh, device,
+                                        dtype="bf16" if device.type == "cuda" else "fp32")
     if args.single:
         row = {"N": args.n, "kernels": args.kernels, **single_step(adapter, model, batch, device)}
         table = row.pop("profile", "")

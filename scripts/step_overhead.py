@@ -19,20 +19,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from one_gpu import one_rank_mesh, trunk_setup
 
 from cpbench.models.pairformer import stage_timer
-from cpbench.models.pairformer.adapter import PairformerAdapter
 from cpbench.models.pairformer.parallel import chunking
-
-BOLTZ2 = dict(c_s=384, c_z=128, blocks=64, heads_single=16, heads_tri=4, head_dim_tri=32, transition_factor=4,
-              msa_blocks=0, recycles=0, sampling=False, dtype="bf16")
 
 
 @contextlib.contextmanager
@@ -130,19 +125,13 @@ def main() -> None:
     p.add_argument("--blocks", type=int, default=64)
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29511")
     device = torch.device(args.device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
-    mesh = init_device_mesh(device.type, (1,), mesh_dim_names=("cp",))
+    mesh = one_rank_mesh(device, 29511)
     costs = query_costs(device)
     print(json.dumps({"query_us": costs}), flush=True)
     rows = []
     for backend in args.kernels:
-        adapter = PairformerAdapter(**{**BOLTZ2, "blocks": args.blocks}, kernels=backend)
-        torch.manual_seed(0)
-        model = adapter.build_model(mesh, device)
-        batch = adapter.build_batch(args.n, 8 * args.n, 256, mesh, device)  # conf: atoms_per_token 8, S 256
+        adapter, model, batch = trunk_setup(args.n, args.blocks, backend, mesh, device)
         for name in args.variants:
             row = {"kernels": backend, "N": args.n, **time_variant(adapter, model, batch, device, name,
                                                                   args.warmup, args.repeats)}
