@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import functools
 import json
 import sys
@@ -108,40 +109,57 @@ def set_cap(device, cap_gib: float) -> None:
     torch.cuda.empty_cache()
 
 
+PROFILER_ACTIVITIES = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+
+
+def _kernel_table(prof) -> str:
+    """The profiler's kernel table (CUDA time, top 30)."""
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70)
+
+
 def profile_table(adapter, model, batch) -> str:
-    """The profiler's kernel table of one step (CUDA time, top 30)."""
-    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=acts) as prof:
+    """The kernel table of one step."""
+    with torch.profiler.profile(activities=PROFILER_ACTIVITIES) as prof:
         adapter.run_step(model, batch, False)
         _sync()
-    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70)
+    return _kernel_table(prof)
+
+
+def clocked_step(adapter, model, batch, device, row: dict, profiler=None) -> None:
+    """One step with the op clock and the chunk log on (and ``profiler``, a started
+    ``torch.profiler.profile``, around it when given): fills ``row`` with ``step_s``, ``op_s``,
+    ``peak_gib`` (CUDA) and ``chunks``."""
+    block = next(m for m in model.modules() if isinstance(m, PairformerBlock))
+    with ChunkLog() as log, OpClock(block) as clock, profiler or contextlib.nullcontext():
+        t0 = time.perf_counter()
+        adapter.run_step(model, batch, False)
+        _sync()
+        row["step_s"] = round(time.perf_counter() - t0, 2)
+    row["op_s"] = {k: round(v, 3) for k, v in clock.seconds.items()}
+    if device.type == "cuda":
+        row["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / GIB, 2)
+    row["chunks"] = log.rows()
 
 
 def single_step(adapter, model, batch, device) -> dict:
     """``--single``: one step (its compilation included) with the op clock, the chunk log and the
     profiler all on: the cheapest look at a point whose step takes minutes (near the real limit)."""
     row = {"cap_gib": 0.0, "single": True}
-    block = next(m for m in model.modules() if isinstance(m, PairformerBlock))
-    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     try:
-        with ChunkLog() as log, OpClock(block) as clock, torch.profiler.profile(activities=acts) as prof:
-            t0 = time.perf_counter()
-            adapter.run_step(model, batch, False)
-            _sync()
-            row["step_s"] = round(time.perf_counter() - t0, 2)
-        row["op_s"] = {k: round(v, 3) for k, v in clock.seconds.items()}
-        row["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / GIB, 2)
-        row["allocator"] = {k: v for k, v in torch.cuda.memory_stats(device).items()
-                            if k in ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free")}
-        row["chunks"] = log.rows()
+        prof = torch.profiler.profile(activities=PROFILER_ACTIVITIES)
+        clocked_step(adapter, model, batch, device, row, profiler=prof)
+        if device.type == "cuda":
+            row["allocator"] = {k: v for k, v in torch.cuda.memory_stats(device).items()
+                                if k in ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free")}
         row["stats"] = {k: v for k, v in adapter.stats().items() if k in ("stage_ms", "compile_s")}
-        row["profile"] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70)
+        row["profile"] = _kernel_table(prof)
     except torch.OutOfMemoryError as e:
         row["oom"] = str(e).splitlines()[0][:300]
     return row
 
 
 def one_cap(adapter, model, batch, device, cap_gib: float) -> dict:
+    """Under ``cap_gib``: one untimed step (compiles), then the clocked step."""
     set_cap(device, cap_gib)
     row = {"cap_gib": cap_gib}
     try:
@@ -149,23 +167,20 @@ def one_cap(adapter, model, batch, device, cap_gib: float) -> dict:
         adapter.run_step(model, batch, False)
         _sync()
         row["first_step_s"] = round(time.perf_counter() - t0, 2)
-        block = next(m for m in model.modules() if isinstance(m, PairformerBlock))
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        with ChunkLog() as log, OpClock(block) as clock:
-            t0 = time.perf_counter()
-            adapter.run_step(model, batch, False)
-            _sync()
-            row["step_s"] = round(time.perf_counter() - t0, 2)
-        row["op_s"] = {k: round(v, 3) for k, v in clock.seconds.items()}
-        row["block_ops_s"] = round(sum(clock.seconds.values()), 2)
-        if device.type == "cuda":
-            row["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / GIB, 2)
-        row["chunks"] = log.rows()
+        clocked_step(adapter, model, batch, device, row)
+        row["block_ops_s"] = round(sum(row["op_s"].values()), 2)
         row["stage_ms"] = adapter.stats().get("stage_ms")
     except torch.OutOfMemoryError as e:
         row["oom"] = str(e).splitlines()[0][:300]
     return row
+
+
+def _print_row(row: dict) -> None:
+    print(json.dumps({k: v for k, v in row.items() if k not in ("chunks", "profile")}), flush=True)
+    for c in row.get("chunks", []):
+        print("  chunk", json.dumps(c), flush=True)
 
 
 def main() -> None:
@@ -182,34 +197,24 @@ def main() -> None:
     adapter, model, batch = trunk_setup(args.n, 1, args.kernels, mesh, device,
                                         dtype="bf16" if device.type == "cuda" else "fp32")
     if args.single:
-        row = {"N": args.n, "kernels": args.kernels, **single_step(adapter, model, batch, device)}
-        table = row.pop("profile", "")
-        print(json.dumps({k: v for k, v in row.items() if k != "chunks"}), flush=True)
-        for c in row.get("chunks", []):
-            print("  chunk", json.dumps(c), flush=True)
-        print(table, flush=True)
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"rows": [{**row, "profile": table}], "torch": torch.__version__,
-                           "gpu": torch.cuda.get_device_name(device)}, f, indent=1)
-        dist.destroy_process_group()
-        return
-    rows, tightest = [], None
-    for cap in args.caps_gib:
-        row = {"N": args.n, "kernels": args.kernels, **one_cap(adapter, model, batch, device, cap)}
-        print(json.dumps({k: v for k, v in row.items() if k != "chunks"}), flush=True)
-        for c in row.get("chunks", []):
-            print("  chunk", json.dumps(c), flush=True)
-        rows.append(row)
-        if "oom" not in row:
-            tightest = row
-    if tightest is not None:  # the kernel table of the tightest cap that fitted
-        set_cap(device, tightest["cap_gib"])
-        tightest["profile"] = profile_table(adapter, model, batch)
-        print(f"profile at cap {tightest['cap_gib']} GiB:\n{tightest['profile']}", flush=True)
+        rows = [{"N": args.n, "kernels": args.kernels, **single_step(adapter, model, batch, device)}]
+        _print_row(rows[0])
+        print(rows[0].get("profile", ""), flush=True)
+    else:
+        rows, tightest = [], None
+        for cap in args.caps_gib:
+            row = {"N": args.n, "kernels": args.kernels, **one_cap(adapter, model, batch, device, cap)}
+            _print_row(row)
+            rows.append(row)
+            if "oom" not in row:
+                tightest = row
+        if tightest is not None:  # the kernel table of the tightest cap that fitted
+            set_cap(device, tightest["cap_gib"])
+            tightest["profile"] = profile_table(adapter, model, batch)
+            print(f"profile at cap {tightest['cap_gib']} GiB:\n{tightest['profile']}", flush=True)
     if args.out:
+        gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         with open(args.out, "w") as f:
-            gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
             json.dump({"rows": rows, "torch": torch.__version__, "gpu": gpu}, f, indent=1)
     dist.destroy_process_group()
 
