@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The ninth device session's calls on one H200 (docs/perf_notes.md, "Ninth device session").
+#   run on the GPU machine from a tree that has .whl/ (and .whl/stock/ for CALL s):
+#   OUT=<dir> BUDGET_S=<s> bash scripts/campaign8_h200.sh CALL...
+# CALL s:     #20, the stock Boltz-2 baseline (scripts/campaign_stock_h200.sh) in $OUT/stock, for
+#             STOCK_S seconds (default 300) of the budget.
+# CALL diag:  #22, where the default job's near-limit probe step goes (its model: MSA module,
+#             trunk, sampler; depth DIAG_DEPTH, default 1) at N=DIAG_N (default 16,384), one step
+#             with compilation, op clock, chunk log and kernel table (scripts/near_limit_profile.py).
+# CALL train: #17, one training step (64 blocks, checkpointing, AdamW) at N=1,536, cp=1:
+#             kernels=flex with the compiled training path, then kernels=torch (as campaign4 g).
+# CALL fit:   #17, max N not worse with kernels=torch: one trunk-only probe point at N=16,000.
+# CALL samp:  #17, inference with sampling (boltz2 defaults) at N=2,048, cp=1, the full timing
+#             contract (3 warmup + 5 repeats), kernels=auto, for what is left of the call.
+# CALL h19:   #19, the headline command as typed on one GPU, `-m workflow=training cp=1,2,4,8
+#             N=1024,2048`, plus only its output location and resume=true, in $OUT/h19, for what is
+#             left of the call. It needs more than one call (a training probe point near the limit
+#             takes ~270 s): the next call continues it from a copy of this call's folder
+#             (RESUME=<that folder>, carried in the tree): finished timings are skipped, the probe
+#             continues from its probe_state.json, and its lock (older than the new run) is taken over.
+set -u
+CALLS=${1:?call name(s)}
+source scripts/campaign_lib.sh  # campaign_begin, left, point, probe, script_phase, archive_out, campaign_end
+campaign_begin 570
+TRAIN="model=boltz2 workflow=training routine=timing cp=1"
+
+for CALL in $CALLS; do
+  case "$CALL" in
+    s) OUT="$OUT/stock" BUDGET_S=${STOCK_S:-300} bash scripts/campaign_stock_h200.sh 2>&1 | grep -v "^ " | cut -c1-400
+       rm -f "$OUT/stock/all.tgz" ;;  # this call's archive holds it
+    diag) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True script_phase near_limit_sampling python3 \
+            scripts/near_limit_profile.py --single --workflow sampling --depth "${DIAG_DEPTH:-1}" \
+            --n "${DIAG_N:-16384}" --out "$OUT/near_limit_sampling.json" ;;
+    train)
+      point train1536_flex 200 $TRAIN N=1536 model.kernels=flex model.compile_training=true timing.timeout_s=300
+      point train1536_torch 200 $TRAIN N=1536 model.kernels=torch timing.timeout_s=$(( $(left) - 15 )) ;;
+    fit) probe fit16000_torch model=boltz2 workflow.sampling=false workflow.recycles=0 routine=probe cp=1 \
+           model.kernels=torch probe.start=16000 probe.depth=1 probe.depth_check_n=1024 probe.max_points=1 \
+           probe.verify=false probe.timeout_s=$(( $(left) - 30 )) ;;
+    samp) point sampling2048_auto 400 model=boltz2 routine=timing cp=1 N=2048 timing.timeout_s=$(( $(left) - 15 )) ;;
+    h19) if [ -n "${RESUME:-}" ]; then cp -r "$RESUME" "$OUT/h19"; fi
+         t0=$(date +%s)
+         timeout $(( $(left) - 20 )) python3 -m cpbench -m workflow=training cp=1,2,4,8 N=1024,2048 \
+           hydra.sweep.dir="$OUT/h19" report.out="$OUT/h19/cp_benchmark.md" resume=true > "$OUT/h19.log" 2>&1
+         echo "phase h19 rc=$? $(( $(date +%s) - t0 )) s"
+         grep -h "probe N=\|predicted\|verify\|timed one\|insufficient\|probed the largest\|interrupted" "$OUT/h19.log" | cut -c1-300 ;;
+    *) echo "unknown call $CALL"; exit 2 ;;
+  esac
+done
+campaign_end
