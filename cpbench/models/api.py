@@ -32,6 +32,10 @@ is not instantiated there):
 
 * ``max_cp: int``: the largest CP size the adapter runs; ``cp=auto`` resolves to at most this
   (the stock single-GPU models of ``cpbench/models/stock/`` say 1).
+* ``probe_depth: int``: the blocks per inference probe step that ``probe.depth=auto`` resolves to
+  (else 1 on a GPU, 2 on a CPU); still verified against the full step at the first point. The
+  stock Boltz-2 trunk says 2: its first block turns the bf16 input pair into fp32, so one block
+  peaks a pair tensor below the rest.
 * ``check_config(model: dict, cp: int, device: str, train: bool) -> None``: a classmethod or
   staticmethod that raises ``AdapterConfigError(key, value, allowed)`` for a configuration it
   cannot run (cp beyond ``max_cp``, a kernel this device lacks, a package that is not installed);
@@ -157,17 +161,23 @@ def adapter_stats(adapter: Adapter) -> dict:
     return dict(stats()) if callable(stats) else {}
 
 
-def adapter_max_cp(model_cfg: dict) -> int | None:
-    """The ``max_cp`` its adapter declares (see the module docstring); None when it declares none
-    or its ``_target_`` does not import (the config check reports that on its own)."""
+def adapter_int_attr(model_cfg: dict, name: str) -> int | None:
+    """An optional class-level int its adapter declares (``max_cp``, ``probe_depth``: see the
+    module docstring); None when it declares none or its ``_target_`` does not import (the config
+    check reports that on its own)."""
     if not isinstance(model_cfg, dict):
         return None
     try:
         obj = import_target(str(model_cfg.get("_target_")))
     except AdapterError:
         return None
-    value = getattr(obj, "max_cp", None)
+    value = getattr(obj, name, None)
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def adapter_max_cp(model_cfg: dict) -> int | None:
+    """The ``max_cp`` its adapter declares, or None."""
+    return adapter_int_attr(model_cfg, "max_cp")
 
 
 def check_adapter_config(model_cfg: dict, cp: int, device: str, train: bool) -> None:

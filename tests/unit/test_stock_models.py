@@ -187,3 +187,28 @@ def test_bf16_inputs_are_what_an_embedder_gives_under_autocast_and_both_steps_ru
     assert all(p.dtype == torch.float32 for p in trunk.parameters())  # mixed precision keeps fp32 weights
     assert adapter.run_step(trunk, batch, train=False) is None
     assert math.isfinite(float(adapter.run_step(trunk, batch, train=True)))
+
+
+@needs("boltz2")
+def test_boltz2_weights_are_drawn_by_torch_from_boltz_s_own_truncated_normal():
+    """``torch_truncnorm``: the LeCun/He init of Boltz's layers, drawn by torch instead of scipy,
+    has Boltz's distribution (variance 1/fan_in, cut at two standard deviations of the normal it
+    truncates), and Boltz's own function is back afterwards."""
+    import importlib
+
+    from cpbench.models.stock.boltz2 import torch_truncnorm
+
+    initialize = importlib.import_module("boltz.model.layers.initialize")
+    original = initialize.trunc_normal_init_
+    torch.manual_seed(0)
+    ours, theirs = torch.empty(512, 256), torch.empty(512, 256)
+    with torch_truncnorm(initialize):
+        initialize.lecun_normal_init_(ours)
+    assert initialize.trunc_normal_init_ is original
+    initialize.lecun_normal_init_(theirs)  # scipy, as Boltz draws it
+    target = (1 / 256) ** 0.5
+    for w in (ours, theirs):
+        assert w.std().item() == pytest.approx(target, rel=0.02) and abs(w.mean().item()) < 0.01 * target
+    cut = 2 * target / float(initialize.truncnorm.std(a=-2, b=2))
+    assert ours.abs().max().item() <= cut + 1e-6 and theirs.abs().max().item() <= cut + 1e-6
+    assert ours.abs().max().item() > 0.95 * cut  # the cut is where Boltz's is, not tighter

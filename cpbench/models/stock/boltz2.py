@@ -27,7 +27,13 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import importlib.util
+import math
+import types
+from collections.abc import Iterator
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -38,11 +44,38 @@ from cpbench.models.stock.adapter import StockAdapter, StockBatch
 CUEQ_MODULE = "cuequivariance_torch"
 
 
+@contextlib.contextmanager
+def torch_truncnorm(initialize: types.ModuleType) -> Iterator[None]:
+    """Inside the context Boltz's ``initialize.trunc_normal_init_`` (its LeCun and He inits) draws
+    the same distribution with torch on the weights' device: a normal truncated at two of its
+    standard deviations, scaled to variance ``scale / fan``. Boltz draws it with scipy on the host
+    in float64, one weight at a time: about 12 s for the 64 blocks on 2 CPU cores, most of the
+    ~30 s each probe point spent before its step on the H200 machine (docs/stock_models.md). The
+    weights are random either way; only how fast they are drawn changes."""
+    original = initialize.trunc_normal_init_
+    unit_std = float(initialize.truncnorm.std(a=-2, b=2, loc=0, scale=1))  # of the standard normal cut at +-2
+
+    def trunc_normal_init_(weights: torch.Tensor, scale: float = 1.0, fan: str = "fan_in") -> None:
+        std = math.sqrt(scale / max(1, initialize._calculate_fan(weights.shape, fan))) / unit_std
+        with torch.no_grad():
+            torch.nn.init.trunc_normal_(weights, mean=0.0, std=std, a=-2 * std, b=2 * std)
+
+    initialize.trunc_normal_init_ = trunc_normal_init_
+    try:
+        yield
+    finally:
+        initialize.trunc_normal_init_ = original
+
+
 class Boltz2Adapter(StockAdapter):
     """Hydra target of ``model=stock/boltz2`` (``conf/model/stock/boltz2.yaml``)."""
 
     package = "boltz2"
     blocks_attr = "layers"
+    # probe.depth=auto: two blocks. The first block adds Boltz's bf16 updates to the embedder's bf16
+    # z with an fp32 dropout mask, so z leaves it in fp32: on one H200 at N=1,536 one block peaked
+    # 10.90 GiB, two 12.03 and all 64 12.09 (docs/benchmarks/2026-12-01-h200-d, calls b and c).
+    probe_depth: ClassVar[int] = 2
     kernel_choices = ("auto", "torch", "cueq")
 
     def __init__(self, c_s: int = 384, c_z: int = 128, blocks: int = 64, heads_single: int = 16, heads_tri: int = 4,
@@ -55,10 +88,11 @@ class Boltz2Adapter(StockAdapter):
 
     def build_trunk(self) -> nn.Module:
         sz = self.sizes
-        return self.module.PairformerModule(
-            token_s=sz["c_s"], token_z=sz["c_z"], num_blocks=sz["blocks"], num_heads=sz["heads_single"],
-            dropout=self.dropout, pairwise_head_width=sz["head_dim_tri"], pairwise_num_heads=sz["heads_tri"],
-            post_layer_norm=False, activation_checkpointing=self.checkpointing, v2=True)
+        with torch_truncnorm(importlib.import_module("boltz.model.layers.initialize")):
+            return self.module.PairformerModule(
+                token_s=sz["c_s"], token_z=sz["c_z"], num_blocks=sz["blocks"], num_heads=sz["heads_single"],
+                dropout=self.dropout, pairwise_head_width=sz["head_dim_tri"], pairwise_num_heads=sz["heads_tri"],
+                post_layer_norm=False, activation_checkpointing=self.checkpointing, v2=True)
 
     @classmethod
     def check_kernels(cls, kernels: str, device: str) -> None:
