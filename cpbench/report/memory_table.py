@@ -82,15 +82,18 @@ def _beside_measured(fit: MemoryFit, cp: int, measured: list[dict]) -> dict[str,
     """Prediction at the cap the measurement ran under, the measured max N, the relative error.
 
     Of several probes of the same group and cp, the largest max N is the measurement (as in the
-    readout: a probe stopped early, or cut by a timeout, only bounds it from below)."""
+    readout: a probe stopped early, or cut by a timeout, only bounds it from below). A probe read
+    from its probe_state.json has no recorded cap: its max N is shown without a prediction."""
     cells = {"cap (GiB)": "—", "predicted": "—", "measured": "—", "error": "—"}
-    known = [p for p in measured if p["cap_gib"] and p["max_n"]]
+    known = [p for p in measured if p["max_n"]]
     if not known:
         return cells
     m = max(known, key=lambda p: p["max_n"])
+    cells["measured"] = f"{m['max_n']} (fails {m['first_fail_n']})" if m["first_fail_n"] else str(m["max_n"])
+    if not m["cap_gib"]:
+        return cells
     predicted = fit.max_n(m["cap_gib"], cp=cp)
-    cells.update({"cap (GiB)": f"{m['cap_gib']:g}", "predicted": _fmt(predicted),
-                  "measured": f"{m['max_n']} (fails {m['first_fail_n']})" if m["first_fail_n"] else str(m["max_n"])})
+    cells.update({"cap (GiB)": f"{m['cap_gib']:g}", "predicted": _fmt(predicted)})
     if predicted:
         cells["error"] = f"{100 * (predicted - m['max_n']) / m['max_n']:+.1f} %"
     return cells

@@ -78,16 +78,61 @@ def incomplete_probe(state_path: Path) -> dict | None:
     fitting = [p for p in points if p.get("fits") and (first_fail is None or p["N"] < first_fail)]
     at_max = max(fitting, key=lambda p: p["N"]) if fitting else None
     fail = next((p for p in points if p["N"] == first_fail), None)
+    status, message, verify = INCOMPLETE, (
+        f"stopped after {len(points)} probe points, before the probe finished: max_n is a lower "
+        "bound (the search had not reached probe.granularity)"), None
+    granularity = _granularity(state, config)
+    if (at_max is not None and fail is not None and fail["status"] == "oom" and granularity is not None
+            and first_fail - at_max["N"] <= granularity and not any(at_max["N"] < n < first_fail for n in timed_out)):
+        # the bisection had ended: the job stopped while re-running the bracket's ends (probe.verify)
+        status, message, verify = _interrupted_verification(state.get("verify") or {}, at_max["N"], first_fail,
+                                                             granularity)
     return {
-        "routine": "probe", "status": INCOMPLETE, "point": point, "config": config, "overrides": overrides,
-        "message": f"stopped after {len(points)} probe points, before the probe finished: max_n is a lower "
-                   "bound (the search had not reached probe.granularity)",
+        "routine": "probe", "status": status, "point": point, "config": config, "overrides": overrides,
+        "message": message, "verify": verify,
         "max_n": at_max["N"] if at_max else None, "first_fail_n": first_fail,
         "first_fail_status": fail["status"] if fail else None, "timed_out_n": timed_out,
         "depth": state.get("depth"), "depth_verified": state.get("depth_verified"), "points": points,
+        # the GPU memory the predict strategy used (report.memory_table.capacity_gib reads env)
+        **_capacity_env(state.get("capacity"), point),
         "peak_alloc_gib": max_over_ranks(at_max["peak_alloc_gib"]) if at_max else None,
         "signature": state.get("signature"), "state_file": state_path.name,
     }
+
+
+def _capacity_env(capacity: dict | None, point: dict) -> dict:
+    """``{"env": {"device", "gpu_memory_gib"}}`` when the state recorded the GPU's memory, else {}
+    (a ``memory.limit_gib`` cap is in the point already)."""
+    if not capacity or capacity.get("source") != "gpu_memory_gib" or not capacity.get("gib"):
+        return {}
+    return {"env": {"device": point.get("device"), "gpu_memory_gib": capacity["gib"]}}
+
+
+def _granularity(state: dict, config: dict) -> int | None:
+    """The granularity the probe bisected to: its state's (resolved, in padding units), else an
+    integer ``probe.granularity`` of the job's config; None for an older state of an ``auto``
+    granularity (the default it resolved to then need not be today's)."""
+    for value in (state.get("granularity"), (config.get("probe") or {}).get("granularity")):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _interrupted_verification(verify: dict, max_n: int, first_fail_n: int, granularity: int) -> tuple[str, str, dict]:
+    """``(status, message, verify)`` of a probe whose bisection had ended (max N, then an
+    out-of-memory within ``granularity``) when the job stopped during its re-runs: ``ok`` (the
+    bracket stands; the re-runs done agreed), or ``unstable`` when a re-run done disagreed."""
+    done = {key: verify[key] for key in ("max_n", "above") if verify.get(key)
+            and verify[key].get("N") == (max_n if key == "max_n" else first_fail_n)}
+    flipped = [key for key, again in done.items() if again.get("status") != "timeout"
+               and again.get("fits") != (key == "max_n")]
+    said = [f"N={again['N']} {'fits' if again.get('fits') else again.get('status')}" for again in done.values()]
+    missing = [str(n) for key, n in (("max_n", max_n), ("above", first_fail_n)) if key not in done]
+    message = (f"the bisection had ended (max N {max_n}, out of memory at {first_fail_n}, within "
+               f"probe.granularity={granularity}) when the job stopped during the re-runs of the bracket's ends "
+               f"(probe.verify): re-run {', '.join(said) or 'none'}; not re-run: N={', '.join(missing) or 'none'}")
+    out = {**done, "skipped": f"the job stopped before re-running N={', '.join(missing)}" if missing else None}
+    return ("unstable" if flipped else "ok"), message, out
 
 
 def _point_from_config(config: dict) -> dict | None:

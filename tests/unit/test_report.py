@@ -181,6 +181,40 @@ def test_a_probe_stopped_early_reads_as_a_lower_bound_from_its_state(probe_sweep
     assert f"≥ {below:,} at cp=1" in text and "lower bound" in text
 
 
+def test_a_probe_stopped_during_its_re_runs_keeps_its_finished_bracket(probe_sweep, tmp_path):
+    """Stopped after the bisection ended (max N, then an out-of-memory within probe.granularity)
+    but before the re-runs of the bracket's ends (probe.verify) finished: the bracket is the
+    answer (no "≥"); a re-run that disagreed makes it unstable."""
+    from cpbench.results import incomplete_probe
+
+    path, probe = next((p, r) for p, r in iter_results(probe_sweep / "sweep") if r["routine"] == "probe")
+    job = tmp_path / "results" / "killed"
+    shutil.copytree(path.parent, job)
+    (job / "result.json").unlink()
+    state = json.loads((job / "probe_state.json").read_text())
+    assert probe["first_fail_status"] == "oom" and probe["first_fail_n"] - probe["max_n"] <= 128  # its granularity
+    again = {"N": probe["max_n"], "fits": True, "status": "ok", "message": ""}
+    state["verify"] = {"max_n": again}
+    (job / "probe_state.json").write_text(json.dumps(state))
+    rec = incomplete_probe(job / "probe_state.json")
+    assert rec["status"] == "ok" and (rec["max_n"], rec["first_fail_n"]) == (probe["max_n"], probe["first_fail_n"])
+    assert rec["verify"]["max_n"] == again and str(probe["first_fail_n"]) in rec["verify"]["skipped"]
+    text = build_report(tmp_path / "results")["markdown"].read_text()
+    assert f"max N {probe['max_n']:,} (OOM at {probe['first_fail_n']:,})" in text or \
+        f"| {probe['max_n']:,} | — | OOM at {probe['first_fail_n']:,} |" in text, text
+    assert f"≥ {probe['max_n']:,}" not in text
+    assert state["granularity"] == 128  # the probe saved what it bisected to
+    state["verify"] = {"max_n": {**again, "fits": False, "status": "oom"}}
+    (job / "probe_state.json").write_text(json.dumps(state))
+    assert incomplete_probe(job / "probe_state.json")["status"] == "unstable"
+    # an older state of an `auto` granularity: what it resolved to then is unknown, so no bracket
+    config_path = job / ".hydra" / "config.yaml"
+    config_path.write_text(config_path.read_text().replace("granularity: 128", "granularity: auto"))
+    del state["granularity"]
+    (job / "probe_state.json").write_text(json.dumps(state))
+    assert incomplete_probe(job / "probe_state.json")["status"] == "incomplete"
+
+
 def test_rows_name_a_sliced_model_and_sampled_inference():
     from cpbench.report.rows import model_label, workflow_label
 
