@@ -26,7 +26,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from cpbench.data.real import resolve_input_sizes
 from cpbench.harness.devices import cuda_available, local_gpu_count
-from cpbench.models.api import AdapterConfigError, AdapterError, adapter_max_cp, check_adapter_config, import_target
+from cpbench.models.api import (
+    AdapterConfigError,
+    AdapterError,
+    adapter_int_attr,
+    adapter_max_cp,
+    check_adapter_config,
+    import_target,
+)
 from cpbench.models.pairformer.flops import PAIRFORMER_TARGET
 from cpbench.models.pairformer.ops import kernels
 
@@ -43,18 +50,29 @@ DEVICES = ("auto", "cuda", "cpu")
 UNSIGNED_KEYS = ("resume", "report", "hydra")
 
 # Auto values, per device kind (conf/config.yaml comments say the same).
-AUTO_PROBE_START = {"cuda": 512, "cpu": 32}
+# GPU: sized for a default job (`python -m cpbench`) that answers on one H200 in about ten
+# minutes (not yet timed end to end; docs/perf_notes.md, "Ninth device session"): a predict probe
+# from 1,024 (three lean points, 30-45 s each, most of it compiling), a bracket one
+# granularity wide around the prediction (512: the near-limit point with sampling takes 2-5
+# minutes, so a finer default would cost a point each halving), its two ends re-run (verify),
+# one block per probe step (the depth check verifies it against the full step). The exact
+# figure: probe.granularity=128 (the result's bracket says how wide it is). Training starts at
+# 512 (its block-input checkpoints are ~68 pair tensors: N=1,024 needs ~17 GiB).
+AUTO_PROBE_START = {"cuda": {"inference": 1024, "training": 512}, "cpu": 32}
 # CPU: the tiny trunk is memory-lean (~0.1 GiB above baseline at N=512, where a cp=2 step
 # already takes tens of seconds on 2 cores), so a cap this small is what lets the default
 # CPU probe meet a real allocation failure within minutes; 64 keeps the bisection short.
-AUTO_GRANULARITY = {"cuda": 128, "cpu": 64}
+AUTO_GRANULARITY = {"cuda": 512, "cpu": 64}
 # The CPU cap per workflow (probe only: a CPU timing point runs uncapped). The tiny trunk's
 # per-rank peak above the worker's baseline (cp=2, 2 cores): inference ~0.1 GiB at N=512;
 # training 0.19 GiB at N=32, 0.24 at N=64, 0.36 at N=128 (oneDNN's workspaces and the
 # optimizer state), so 0.125 GiB made every training probe fail at its first point.
 AUTO_LIMIT_GIB = {"cuda": None, "cpu": {"inference": 0.125, "training": 0.3}}
 AUTO_CP_ON_CPU = 2
-AUTO_INFERENCE_DEPTH = 2
+# Blocks per inference probe step: on a GPU one (a near-limit block at N~16,700 takes ~40 s
+# and more with sampling: the MSA module and the sampler run min(depth, ...) blocks and steps
+# too); on a CPU two, as the quick start's timings in the README were measured.
+AUTO_INFERENCE_DEPTH = {"cuda": 1, "cpu": 2}
 PROBE_STRATEGIES = ("auto", "bisect", "predict")
 AUTO_PROBE_STRATEGY = {"cuda": "predict", "cpu": "bisect"}
 AUTO_PROBE_VERIFY = {"cuda": True, "cpu": False}
@@ -339,7 +357,11 @@ def auto_limit_gib(device: str, workflow: str) -> float | None:
 
 def _probe_settings(probe: dict, device: str, unit: int, train: bool, model: dict) -> ProbeSettings:
     start = probe.get("start")
-    start = AUTO_PROBE_START[device] if start == "auto" else _int("probe.start", start, 1, "auto or a positive integer")
+    if start == "auto":
+        auto = AUTO_PROBE_START[device]
+        start = auto["training" if train else "inference"] if isinstance(auto, dict) else auto
+    else:
+        start = _int("probe.start", start, 1, "auto or a positive integer")
     start = round_up(start, unit)  # every N the probe tries is a multiple of the padding unit
     gran = probe.get("granularity")
     gran = AUTO_GRANULARITY[device] if gran == "auto" else _int("probe.granularity", gran, 1, "auto or a positive integer")
@@ -348,7 +370,7 @@ def _probe_settings(probe: dict, device: str, unit: int, train: bool, model: dic
         raise ConfigError("probe.growth", growth, "a number > 1")
     depth = probe.get("depth")
     if depth == "auto":
-        depth = None if train else AUTO_INFERENCE_DEPTH
+        depth = None if train else (adapter_int_attr(model, "probe_depth") or AUTO_INFERENCE_DEPTH[device])
     elif depth in (None, "all"):
         depth = None
     else:

@@ -1,8 +1,10 @@
 """Where a near-limit trunk step's time goes: one boltz2 block, inference, trunk only, at one N,
 without a memory cap and under caps that leave only a few GiB free beside the pair tensors
-(what a probe point near the max N sees), on one GPU.
+(what a probe point near the max N sees), on one GPU; or (``--workflow sampling --single``) the
+default job's probe step at ``--depth`` (MSA module, trunk and sampler), one step.
 
     python scripts/near_limit_profile.py --n 8192 --caps-gib 0 36 34.5 --out near_limit.json
+    python scripts/near_limit_profile.py --single --workflow sampling --depth 2 --n 16384 --out s.json
 
 Per cap: one untimed step (compiles), then one step timed per op of the block (synchronized
 wall clock around each of the block's modules and the trunk's other stages), the chunk sizes the
@@ -18,14 +20,18 @@ import collections
 import contextlib
 import functools
 import json
+import os
+import signal
 import sys
 import time
 
 import torch
 import torch.distributed as dist
-from one_gpu import one_rank_mesh, trunk_setup
+from one_gpu import WITH_SAMPLING, one_rank_mesh, trunk_setup
 
 from cpbench.models.pairformer.modules.block import PairformerBlock
+from cpbench.models.pairformer.modules.diffusion import TokenTransformerBlock
+from cpbench.models.pairformer.modules.msa_module import MsaBlock
 from cpbench.models.pairformer.parallel import chunking
 
 GIB = 1 << 30
@@ -67,33 +73,46 @@ class ChunkLog:
 
 
 class OpClock:
-    """Synchronized wall time of each module of the Pairformer block (``name -> s``)."""
+    """Synchronized wall time of each op (child module) of the timed blocks, summed over the blocks
+    of a class (``"PairformerBlock.tri_mul_out" -> s``), and of the diffusion module's
+    ``prepare`` and per-step ``forward`` when the model samples."""
 
-    NAMES = ("tri_mul_out", "tri_mul_in", "tri_att_start", "tri_att_end", "pair_transition", "attention",
-             "single_transition")
+    CLASSES = (PairformerBlock, MsaBlock, TokenTransformerBlock)
 
-    def __init__(self, block: torch.nn.Module) -> None:
-        self.block, self.seconds, self.saved = block, collections.defaultdict(float), {}
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model, self.seconds, self.saved = model, collections.defaultdict(float), []
+
+    def _wrap(self, obj, attr: str, key: str) -> None:
+        fn = getattr(obj, attr)
+        self.saved.append((obj, attr, obj.__dict__.get(attr)))
+
+        def timed(*a, _fn=fn, **k):
+            _sync()
+            t0 = time.perf_counter()
+            out = _fn(*a, **k)
+            _sync()
+            self.seconds[key] += time.perf_counter() - t0
+            return out
+        setattr(obj, attr, timed)
 
     def __enter__(self):
-        for name in self.NAMES:
-            mod = getattr(self.block, name)
-            fwd = mod.forward
-            self.saved[name] = fwd
-
-            def timed(*a, _fwd=fwd, _name=name, **k):
-                _sync()
-                t0 = time.perf_counter()
-                out = _fwd(*a, **k)
-                _sync()
-                self.seconds[_name] += time.perf_counter() - t0
-                return out
-            mod.forward = timed
+        for block in self.model.modules():
+            if isinstance(block, self.CLASSES):
+                for name, child in block.named_children():
+                    self._wrap(child, "forward", f"{type(block).__name__}.{name}")
+        diffusion = getattr(self.model, "diffusion", None)
+        if diffusion is not None:
+            self._wrap(diffusion, "prepare", "DiffusionModule.prepare")
+            self._wrap(diffusion, "forward", "DiffusionModule.forward")
         return self
 
     def __exit__(self, *exc):
-        for name, fwd in self.saved.items():
-            getattr(self.block, name).forward = fwd
+        for obj, attr, before in reversed(self.saved):
+            if before is None:
+                delattr(obj, attr)
+            else:
+                setattr(obj, attr, before)
+        self.saved.clear()
 
 
 def _sync() -> None:
@@ -125,14 +144,14 @@ def profile_table(adapter, model, batch) -> str:
     return _kernel_table(prof)
 
 
-def clocked_step(adapter, model, batch, device, row: dict, profiler=None) -> None:
+def clocked_step(adapter, model, batch, device, row: dict, profiler=None, run_blocks=None) -> None:
     """One step with the op clock and the chunk log on (and ``profiler``, a started
     ``torch.profiler.profile``, around it when given): fills ``row`` with ``step_s``, ``op_s``,
     ``peak_gib`` (CUDA) and ``chunks``."""
-    block = next(m for m in model.modules() if isinstance(m, PairformerBlock))
-    with ChunkLog() as log, OpClock(block) as clock, profiler or contextlib.nullcontext():
+    with ChunkLog() as log, OpClock(model) as clock, profiler or contextlib.nullcontext():
         t0 = time.perf_counter()
-        adapter.run_step(model, batch, False)
+        _LIVE.update(row=row, clock=clock, log=log, t0=t0)
+        adapter.run_step(model, batch, False, run_blocks=run_blocks)
         _sync()
         row["step_s"] = round(time.perf_counter() - t0, 2)
     row["op_s"] = {k: round(v, 3) for k, v in clock.seconds.items()}
@@ -141,13 +160,30 @@ def clocked_step(adapter, model, batch, device, row: dict, profiler=None) -> Non
     row["chunks"] = log.rows()
 
 
-def single_step(adapter, model, batch, device) -> dict:
+# What a SIGTERM (the campaign's timeout) prints before the step ends: the clock so far.
+_LIVE: dict = {}
+
+
+def _on_sigterm(signum, frame) -> None:
+    """Prints the op clock and chunk log of the step in progress, then exits 143 at once (the
+    profiler's trace is dropped: processing it could outlast the call)."""
+    row = _LIVE.get("row", {})
+    if "clock" in _LIVE:
+        row["interrupted_after_s"] = round(time.perf_counter() - _LIVE["t0"], 1)
+        row["op_s"] = {k: round(v, 3) for k, v in _LIVE["clock"].seconds.items()}
+        row["chunks"] = _LIVE["log"].rows()
+    _print_row(row)
+    sys.stdout.flush()
+    os._exit(143)
+
+
+def single_step(adapter, model, batch, device, run_blocks=None) -> dict:
     """``--single``: one step (its compilation included) with the op clock, the chunk log and the
     profiler all on: the cheapest look at a point whose step takes minutes (near the real limit)."""
     row = {"cap_gib": 0.0, "single": True}
     try:
         prof = torch.profiler.profile(activities=PROFILER_ACTIVITIES)
-        clocked_step(adapter, model, batch, device, row, profiler=prof)
+        clocked_step(adapter, model, batch, device, row, profiler=prof, run_blocks=run_blocks)
         if device.type == "cuda":
             row["allocator"] = {k: v for k, v in torch.cuda.memory_stats(device).items()
                                 if k in ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free")}
@@ -190,14 +226,26 @@ def main() -> None:
     p.add_argument("--kernels", default="flex")
     p.add_argument("--device", default="cuda:0", help="cpu: a dry run of the script (no caps, fp32)")
     p.add_argument("--single", action="store_true", help="one step, compile included, no cap (see single_step)")
+    p.add_argument("--workflow", choices=("trunk", "sampling"), default="trunk",
+                   help="trunk: one trunk-only block; sampling: the default job's probe step (64 blocks "
+                        "built, --depth of them run, MSA module and sampler; --single only)")
+    p.add_argument("--depth", type=int, default=2, help="--workflow sampling: the probe depth (run_blocks)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     device = torch.device(args.device)
     mesh = one_rank_mesh(device, 29512)
-    adapter, model, batch = trunk_setup(args.n, 1, args.kernels, mesh, device,
-                                        dtype="bf16" if device.type == "cuda" else "fp32")
+    dtype = "bf16" if device.type == "cuda" else "fp32"
+    if args.workflow == "sampling":
+        if not args.single:
+            p.error("--workflow sampling runs with --single")
+        adapter, model, batch = trunk_setup(args.n, 64, args.kernels, mesh, device, dtype, WITH_SAMPLING)
+    else:
+        adapter, model, batch = trunk_setup(args.n, 1, args.kernels, mesh, device, dtype)
+    run_blocks = args.depth if args.workflow == "sampling" else None
+    signal.signal(signal.SIGTERM, _on_sigterm)
     if args.single:
-        rows = [{"N": args.n, "kernels": args.kernels, **single_step(adapter, model, batch, device)}]
+        rows = [{"N": args.n, "kernels": args.kernels, "workflow": args.workflow, "run_blocks": run_blocks,
+                 **single_step(adapter, model, batch, device, run_blocks)}]
         _print_row(rows[0])
         print(rows[0].get("profile", ""), flush=True)
     else:

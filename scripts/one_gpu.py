@@ -15,6 +15,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from cpbench.models.pairformer.adapter import PairformerAdapter
 
 TRUNK_ONLY = dict(msa_blocks=0, recycles=0, sampling=False)
+# The default job's model (``python -m cpbench``: conf/model/pairformer.yaml with
+# conf/workflow/inference.yaml): MSA module, 3 recycles, 200 sampler steps x 5 samples.
+WITH_SAMPLING = dict(msa_blocks=4, recycles=3, sampling=True, sampling_steps=200, samples=5)
 
 
 def one_rank_mesh(device: torch.device, port: int) -> Any:
@@ -28,10 +31,11 @@ def one_rank_mesh(device: torch.device, port: int) -> Any:
 
 
 def trunk_setup(n: int, blocks: int, kernels: str, mesh: Any, device: torch.device,
-                dtype: str = "bf16") -> tuple[PairformerAdapter, torch.nn.Module, dict]:
-    """``(adapter, model, batch)`` of the boltz2 trunk-only pass with ``blocks`` blocks at ``n``
-    tokens (weights from seed 0; the job's defaults: 8 atoms per token, S=256)."""
-    adapter = PairformerAdapter(**TRUNK_ONLY, blocks=blocks, dtype=dtype, kernels=kernels)
+                dtype: str = "bf16", workflow: dict = TRUNK_ONLY) -> tuple[PairformerAdapter, torch.nn.Module, dict]:
+    """``(adapter, model, batch)`` of the boltz2 pass (``workflow``: ``TRUNK_ONLY`` or
+    ``WITH_SAMPLING``) with ``blocks`` blocks at ``n`` tokens (weights from seed 0; the job's
+    defaults: 8 atoms per token, S=256)."""
+    adapter = PairformerAdapter(**workflow, blocks=blocks, dtype=dtype, kernels=kernels)
     torch.manual_seed(0)
     model = adapter.build_model(mesh, device)
     return adapter, model, adapter.build_batch(n, 8 * n, 256, mesh, device)

@@ -48,9 +48,12 @@ from cpbench.routines.probe_predict import PREDICT_POINTS, Prediction, bracket_e
 log = logging.getLogger("cpbench")
 
 DEPTH_TOLERANCE = 0.01
-# CPU peaks are resident-set sizes: page and malloc-arena granularity make a few MiB of
-# noise, so on CPU the depth check also accepts this absolute difference.
-CPU_DEPTH_FLOOR_GIB = 16 / 1024
+# The depth check also accepts an absolute difference this small. CPU peaks are resident-set
+# sizes: page and malloc-arena granularity make a few MiB of noise. On CUDA, what the shortened
+# step may lack without growing with N is weights-sized: the stock Boltz-2 trunk keeps autocast's
+# bf16 weight copies for every block it ran (about 1 MiB a block, 0.06 GiB over 64), which at
+# the first point (N=512-1,024) is 1-3 % of the peak and near the limit 0.05 % (a few tokens).
+DEPTH_FLOOR_GIB = {"cpu": 16 / 1024, "cuda": 0.125}
 
 
 class _PointCap(Exception):
@@ -101,11 +104,15 @@ class Probe:
     def _save_state(self) -> None:
         if self.state_path is None:
             return
+        p = self.prediction
         write_json_atomic(self.state_path, {
             "signature": self.signature, "depth": self.depth, "depth_verified": self.depth_verified,
             "depth_checked": self.depth_checked, "points": self.ordered_points(), "verify": self.verified,
-            # what a report needs of a probe stopped before its result.json (results.incomplete_probe)
-            "point": self.point.record()})
+            # what a report needs of a probe stopped before its result.json (results.incomplete_probe):
+            # its point, the granularity it bisected to, and the memory its peaks ran against (known
+            # once the predict strategy asked)
+            "point": self.point.record(), "granularity": self.settings.granularity,
+            "capacity": {"gib": p.capacity_gib, "source": p.capacity_source} if p and p.capacity_gib else None})
 
     def ordered_points(self) -> list[dict]:
         return sorted(self.points.values(), key=lambda p: p["order"])
@@ -125,7 +132,7 @@ class Probe:
         full = self._run(n, None)
         short = self._run(n, self.depth)
         full_peak, short_peak = max_over_ranks(full.per_rank("peak_alloc_gib")), max_over_ranks(short.per_rank("peak_alloc_gib"))
-        floor = CPU_DEPTH_FLOOR_GIB if self.point.device == "cpu" else 0.0
+        floor = DEPTH_FLOOR_GIB.get(self.point.device, 0.0)
         agree = (full.status == short.status == "ok" and full_peak is not None and short_peak is not None
                  and abs(short_peak - full_peak) <= max(DEPTH_TOLERANCE * full_peak, floor))
         self.depth_checked = True

@@ -52,6 +52,16 @@ def test_plain_budgets_run_one_row_at_a_time_as_before():
         assert rows_per_chunk(4096, MIB, chunking.budget_bytes(pair)) == 1
 
 
+@pytest.mark.parametrize("fit_rows", [5, 7, 100, 1365, 4095])
+def test_a_free_memory_chunk_below_all_rows_is_a_power_of_two_and_never_larger_than_what_fits(fit_rows):
+    n_rows = 4096
+    rc = rows_per_chunk(n_rows, MIB, FreeMemoryBudget(fit_rows * MIB + MIB // 2))
+    assert rc & (rc - 1) == 0 and rc <= fit_rows < 2 * rc
+    assert rows_per_chunk(n_rows, MIB, FreeMemoryBudget(n_rows * MIB)) == n_rows  # all rows: no rounding
+    assert rows_per_chunk(1365, MIB, FreeMemoryBudget(1365 * MIB)) == 1365
+    assert rows_per_chunk(n_rows, MIB, fit_rows * MIB + MIB // 2) == fit_rows  # plain budget: exact
+
+
 def test_channel_chunks_have_no_floor():
     """At most c chunks, whatever N: a zero remainder of a budget still runs channel by channel."""
     assert divisor_chunk(128, MIB, FreeMemoryBudget(0)) == 1

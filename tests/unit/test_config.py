@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cpbench.config import ConfigError, check_group_choices, resolve_point, weak_n
+from cpbench.config import ConfigError, _probe_settings, check_group_choices, resolve_point, weak_n
 
 from helpers.run import compose_cfg, fault_model, run_cpbench
 
@@ -21,6 +21,21 @@ def test_cpu_auto_values_follow_the_config_comments():
 def test_inference_depth_is_two_blocks_and_training_depth_is_all():
     assert resolve_point(compose_cfg("device=cpu", "model=boltz2")).probe.depth == 2
     assert resolve_point(compose_cfg("device=cpu", "model=boltz2", "workflow=training")).probe.depth is None
+
+
+def test_gpu_auto_probe_values_follow_the_config_comments():
+    """The default GPU job's probe (conf/config.yaml, config.AUTO_*): predict from 1,024 (training
+    512), bracket 512 wide, one block per inference step, re-run ends."""
+    base = {"start": "auto", "granularity": "auto", "growth": 2, "timeout_s": 900, "depth": "auto", "max_points": 32}
+    inference = _probe_settings(base, "cuda", 1, train=False, model={})
+    assert (inference.start, inference.granularity, inference.depth) == (1024, 512, 1)
+    assert inference.strategy == "predict" and inference.verify is True
+    training = _probe_settings(base, "cuda", 1, train=True, model={})
+    assert (training.start, training.granularity, training.depth) == (512, 512, None)
+    # an adapter's probe_depth (cpbench/models/api.py) is its auto depth on every device
+    stock = {"_target_": "cpbench.models.stock.boltz2.Boltz2Adapter"}
+    assert _probe_settings(base, "cuda", 1, train=False, model=stock).depth == 2
+    assert _probe_settings(base, "cpu", 1, train=False, model=stock).depth == 2
 
 
 def test_2d_mesh_is_most_square_and_granularity_is_a_multiple_of_the_padding_unit():

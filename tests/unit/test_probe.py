@@ -107,6 +107,16 @@ def test_probe_falls_back_to_full_depth_when_the_short_peak_differs():
     assert all(blocks is None for _, blocks in runner.calls[2:])
 
 
+def test_a_cuda_depth_check_accepts_a_weights_sized_difference_and_not_a_pair_tensor():
+    """On CUDA a full step may hold up to DEPTH_FLOOR_GIB more than the shortened one (the stock
+    Boltz-2 trunk's bf16 weight copies: 0.06 GiB, 2.9 % at N=512), not a pair tensor more."""
+    for extra_gib, verified in ((0.06, True), (0.5, False)):
+        point = probe_point(start=16, granularity=8, depth=2)
+        out = Probe(replace(point, device="cuda"), ScriptedRunner(max_fit_n=40, full_depth_extra_gib=extra_gib),
+                    None, "sig").run()
+        assert out["depth_verified"] is verified, extra_gib
+
+
 def test_probe_checks_depth_at_depth_check_n_and_searches_from_there():
     """probe.depth_check_n: the all-block step runs at a small N, not at a large probe.start;
     that point fits, so the bisection between it and a failing start needs no ramp below start."""

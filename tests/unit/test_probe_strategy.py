@@ -7,6 +7,7 @@ is known and both strategies can be held to it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -80,6 +81,20 @@ def test_predict_finds_the_bisection_max_n_with_fewer_points():
     assert prediction["fit"]["a"] == pytest.approx(2e-7, rel=1e-3) and prediction["fallback"] is None
     error = (predict["predicted_max_n"] - predict["max_n"]) / predict["max_n"]
     assert prediction["error_at_max_n"] == pytest.approx(error, abs=1e-4)
+
+
+def test_a_predict_probe_keeps_the_memory_it_predicted_against_in_its_state(tmp_path):
+    """A probe stopped before its result.json still says what its peaks ran against
+    (results.incomplete_probe turns a GPU's total into the record's env for the report)."""
+    from cpbench.results.probe_state import _capacity_env
+
+    state_path = tmp_path / "probe_state.json"
+    Probe(probe_point(strategy="predict", start=512, granularity=128), RuleRunner(), state_path, "sig").run()
+    state = json.loads(state_path.read_text())
+    assert state["capacity"] == {"gib": CAP_GIB, "source": "memory.limit_gib"}
+    assert _capacity_env(state["capacity"], state["point"]) == {}  # a cap is in the point already
+    gpu = {"gib": 140.4, "source": "gpu_memory_gib"}
+    assert _capacity_env(gpu, {"device": "cuda"}) == {"env": {"device": "cuda", "gpu_memory_gib": 140.4}}
 
 
 @pytest.mark.parametrize("peak_gib", [

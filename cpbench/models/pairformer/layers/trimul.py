@@ -92,7 +92,7 @@ class TriangleMultiplication(nn.Module):
         and the chunk must stay within the budget."""
         if layout.kind == TWO_D:
             return 0
-        k = 1 << (c_z.bit_length() - 1)
+        k = chunking.pow2_floor(c_z)
         while k >= 1 and not chunking.clears_floor(n_local, self._operand_row_bytes(n_pad, c_z, k, es), budget_b):
             k //= 2
         return k

@@ -174,6 +174,15 @@ def _rows_fit(n_rows: int, bytes_per_row: int, budget_b: int) -> int:
 def rows_per_chunk(n_rows: int, bytes_per_row: int, budget_b: int) -> int:
     """How many rows of ``bytes_per_row`` transient bytes fit ``budget_b`` (at least 1).
 
+    Under a ``FreeMemoryBudget`` (CUDA) a chunk smaller than all ``n_rows`` is rounded down to a
+    power of two. The compiled passes (``kernels=flex``) compile once per shape, and free-memory
+    budgets differ by a few MiB from op to op, so exact row counts made a new shape at nearly every
+    call near the limit: on one H200, each triangle multiplication of the default job's probe step
+    at N=16,384 compiled afresh, about 11 s of its 22 s (docs/perf_notes.md, "Ninth device
+    session"). Powers of two keep a handful of shapes, at most twice the chunks, never more
+    memory. Plain budgets (CPU, lean and overridden ones: fixed sizes, smooth in N, which the
+    probe's peak fit relies on) keep exact counts.
+
     Raises:
         ChunkBudgetFloor: ``budget_b`` is a ``FreeMemoryBudget`` that holds fewer than
             ``min(n_rows, MIN_ROWS_PER_CHUNK)`` rows (out of memory at this N).
@@ -184,7 +193,13 @@ def rows_per_chunk(n_rows: int, bytes_per_row: int, budget_b: int) -> int:
             f"chunk budget floor: {_caller()} needs {bytes_per_row / mib:.1f} MiB per row "
             f"(at least {min(n_rows, MIN_ROWS_PER_CHUNK)} of {n_rows} rows per chunk), budget "
             f"{budget_b / mib:.1f} MiB of free memory: out of memory at this N")
-    return _rows_fit(n_rows, bytes_per_row, budget_b)
+    fit = _rows_fit(n_rows, bytes_per_row, budget_b)
+    return fit if fit >= n_rows or not isinstance(budget_b, FreeMemoryBudget) else pow2_floor(fit)
+
+
+def pow2_floor(n: int) -> int:
+    """The largest power of two <= ``n`` (0 for 0)."""
+    return 1 << (n.bit_length() - 1) if n >= 1 else 0
 
 
 def clears_floor(n_rows: int, bytes_per_row: int, budget_b: int) -> bool:
@@ -233,7 +248,7 @@ def scratch_channel_chunks(c: int, ck_budget: int, ck_scratch_max: int) -> list[
     chunks, done = [], 0
     while done < c:
         third = min((c - done) // 3, ck_scratch_max)
-        ck = 1 << (third.bit_length() - 1) if third >= 1 else 0
+        ck = pow2_floor(third)
         in_scratch = ck > ck_budget
         ck = ck if in_scratch else min(ck_budget, c - done)
         chunks.append((slice(done, done + ck), in_scratch))
