@@ -154,3 +154,34 @@ def test_scratch_chunks_shrink_to_clear_the_floor_of_a_free_memory_budget():
     assert not chunking.clears_floor(n_local, op._operand_row_bytes(n_pad, c_z, 16, es), tight)
     assert op._scratch_max(n_local, n_pad, c_z, es, int(tight), serial_layout()) == 128
     assert op._scratch_max(n_local, n_pad, c_z, es, FreeMemoryBudget(1), serial_layout()) == 0
+
+
+@pytest.mark.parametrize("free_gib, pair_gib", [(135.0, 0.03), (120.0, 1.0), (100.0, 4.0), (90.0, 6.0)])
+def test_an_ample_block_budget_is_what_every_op_of_the_block_would_read(monkeypatch, free_gib, pair_gib):
+    """Away from the limit a block reads its budget once (``block.agreed_chunks``): it must be the
+    budget each op would read with up to four pair shards and two budgets held besides z."""
+    monkeypatch.setattr(chunking, "_cuda_free_bytes", lambda device: (int(free_gib * GIB), 140 * GIB))
+    pair = _CudaPair(int(pair_gib * GIB))
+    ample = chunking.ample_budget(pair)
+    assert ample == 14 * GIB and isinstance(ample, FreeMemoryBudget)
+    held_b = 4 * int(pair_gib * GIB) + 2 * ample
+    monkeypatch.setattr(chunking, "_cuda_free_bytes", lambda device: (int(free_gib * GIB) - held_b, 140 * GIB))
+    for tensor_gib in (pair_gib / 8, pair_gib, 4 * pair_gib):
+        assert chunking.budget_bytes(_CudaPair(int(tensor_gib * GIB))) == ample
+
+
+@pytest.mark.parametrize("free_gib, pair_gib", [(60.0, 1.0), (100.0, 10.0), (139.0, 60.0)])
+def test_near_the_limit_a_block_has_no_ample_budget(monkeypatch, free_gib, pair_gib):
+    """Where what an op leaves free (or the pair's quarter) sets its budget, each op reads its own."""
+    monkeypatch.setattr(chunking, "_cuda_free_bytes", lambda device: (int(free_gib * GIB), 140 * GIB))
+    assert chunking.ample_budget(_CudaPair(int(pair_gib * GIB))) == 0
+
+
+def test_lean_overridden_and_cpu_budgets_have_no_ample_block_budget(monkeypatch):
+    monkeypatch.setattr(chunking, "_cuda_free_bytes", lambda device: (135 * GIB, 140 * GIB))
+    with chunking.lean_budgets():
+        assert chunking.ample_budget(_CudaPair(GIB)) == 0
+    with chunking.override_budget(1 << 20):
+        assert chunking.ample_budget(_CudaPair(GIB)) == 0
+    assert chunking.ample_budget(torch.zeros(8, 8, 4)) == 0
+    assert chunking.budgets_from_shapes(torch.zeros(8, 8, 4)) and not chunking.budgets_from_shapes(_CudaPair(GIB))

@@ -10,8 +10,9 @@ elements: O(N²·c_z) whatever P (the 2d layout cuts it to O(N²·c_z/√P)).
 
 from __future__ import annotations
 
+import contextlib
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -31,11 +32,38 @@ def op_runner(z: torch.Tensor, layout: Layout, checkpoint_ops: bool) -> Callable
     is on, so that a checkpointed block's recompute holds one op's activations at a time. The
     ops chunk by the training budget (``chunking.training_budget_bytes``: room left for the
     block's backward): it is agreed over the ranks once and frozen for the recompute (``z``:
-    this rank's pair shard, which the budget is measured against)."""
+    this rank's pair shard, which the budget is measured against). Without autograd a block's
+    chunks are agreed by ``agreed_chunks``."""
     if not (checkpoint_ops and torch.is_grad_enabled()):
         return lambda op, *args: op(*args)
     frozen = partial(chunking.frozen_budget, comm.agree_min(chunking.training_budget_bytes(z), layout, z))
     return lambda op, *args: checkpoint(op, *args, use_reentrant=False, context_fn=frozen)
+
+
+def agreed_chunks(z: torch.Tensor, layout: Layout) -> contextlib.AbstractContextManager:
+    """The context a block runs in: without autograd, its ops' and transposes' chunk sizes are
+    agreed once for the block, not one by one (with autograd, ``op_runner`` agrees them).
+
+    On a CPU every budget is a function of the shard shapes, the same on every rank, so nothing
+    is agreed (``comm.agreed``). On a GPU away from the limit every op would read the same device
+    term (``chunking.ample_budget``): the block reads it once, agrees it in one all-reduce
+    (instead of the eight of a 1d block, each a host sync, and a free-memory reading per op) and
+    hands it to the ops, whose chunks are then those they would have chosen. Near the limit,
+    where what each op leaves free decides its chunks, each op reads and agrees its own.
+    ``z``: this rank's pair shard."""
+    if torch.is_grad_enabled():
+        return contextlib.nullcontext()
+    if chunking.budgets_from_shapes(z):
+        return comm.agreed()
+    budget_b = comm.agree_min(chunking.ample_budget(z), layout, z)
+    return _under_budget(chunking.FreeMemoryBudget(budget_b)) if budget_b else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _under_budget(budget_b: int) -> Iterator[None]:
+    """Every op inside reads ``budget_b`` and agrees nothing (every rank holds the same)."""
+    with chunking.override_budget(budget_b), comm.agreed():
+        yield
 
 
 def run_block(block: nn.Module, *args, checkpointing: bool = False) -> Any:
@@ -67,11 +95,12 @@ class PairformerBlock(nn.Module):
         """``checkpoint_ops``: checkpoint each op (with autograd), so that the recompute of a
         checkpointed block holds one op's activations at a time, not the whole block's."""
         run = op_runner(z, layout, checkpoint_ops)
-        z = run(self.tri_mul_out, z, token_mask, layout)
-        z = run(self.tri_mul_in, transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
-        z = run(self.tri_att_start, transpose_pair(z, layout), token_mask, layout)  # on Z rows
-        z = run(self.tri_att_end, transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
-        z = transpose_pair(run(self.pair_transition, z), layout)  # back to Z rows
-        s = run(self.attention, s, z, token_mask, layout)
-        s = run(self.single_transition, s)
+        with agreed_chunks(z, layout):
+            z = run(self.tri_mul_out, z, token_mask, layout)
+            z = run(self.tri_mul_in, transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
+            z = run(self.tri_att_start, transpose_pair(z, layout), token_mask, layout)  # on Z rows
+            z = run(self.tri_att_end, transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
+            z = transpose_pair(run(self.pair_transition, z), layout)  # back to Z rows
+            s = run(self.attention, s, z, token_mask, layout)
+            s = run(self.single_transition, s)
         return s, z

@@ -36,7 +36,7 @@ from cpbench.models.pairformer.layers.msa_ops import OuterProductMean, PairWeigh
 from cpbench.models.pairformer.layers.transition import Transition
 from cpbench.models.pairformer.layers.triatt import TriangleAttention
 from cpbench.models.pairformer.layers.trimul import TriangleMultiplication
-from cpbench.models.pairformer.modules.block import op_runner, run_block
+from cpbench.models.pairformer.modules.block import agreed_chunks, op_runner, run_block
 from cpbench.models.pairformer.parallel.layout import Layout
 from cpbench.models.pairformer.parallel.transpose import transpose_pair
 
@@ -68,16 +68,17 @@ class MsaBlock(nn.Module):
                 layout: Layout, checkpoint_ops: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """``checkpoint_ops``: checkpoint each op, as ``PairformerBlock`` does (``block.op_runner``)."""
         run = op_runner(z, layout, checkpoint_ops)
-        z = run(self.outer_product_mean, m, z, msa_mask, layout)
-        if self.msa_updates:
-            m = run(self.pair_weighted_averaging, m, z, token_mask, layout)
-            m = run(self.msa_transition, m)
-        # The pair updates of a Pairformer block, in AF3's order (block.py has the same sequence).
-        z = run(self.tri_mul_out, z, token_mask, layout)
-        z = run(self.tri_mul_in, transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
-        z = run(self.tri_att_start, transpose_pair(z, layout), token_mask, layout)  # on Z rows
-        z = run(self.tri_att_end, transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
-        z = transpose_pair(run(self.pair_transition, z), layout)  # back to Z rows
+        with agreed_chunks(z, layout):
+            z = run(self.outer_product_mean, m, z, msa_mask, layout)
+            if self.msa_updates:
+                m = run(self.pair_weighted_averaging, m, z, token_mask, layout)
+                m = run(self.msa_transition, m)
+            # The pair updates of a Pairformer block, in AF3's order (block.py has the same sequence).
+            z = run(self.tri_mul_out, z, token_mask, layout)
+            z = run(self.tri_mul_in, transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
+            z = run(self.tri_att_start, transpose_pair(z, layout), token_mask, layout)  # on Z rows
+            z = run(self.tri_att_end, transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
+            z = transpose_pair(run(self.pair_transition, z), layout)  # back to Z rows
         return m, z
 
 

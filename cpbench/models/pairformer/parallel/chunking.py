@@ -144,6 +144,45 @@ def _cuda_free_bytes(device: torch.device) -> tuple[int, int]:
     return max(free_b, 0), capacity_b
 
 
+# An inference block whose op budgets are the device term whatever each op leaves free: room, on
+# top of that term's free-memory share, for what an op holds beside z when it reads its budget
+# (the triangle product's x, a transpose's output, the operands of a channel chunk: pair shards
+# and budgets' worth of transients), with margin.
+_AMPLE_PAIRS = 4
+_AMPLE_BUDGETS = 2
+
+
+def budgets_from_shapes(pair: torch.Tensor) -> bool:
+    """Whether every budget an op reads beside ``pair`` is a function of tensor shapes alone, the
+    same on every rank whose shard has the same shape: on a CPU (a quarter of the tensor, or an
+    override, which tests and callers set alike on every rank). Then ranks need not agree on
+    chunk sizes (``comm.agreed``)."""
+    return not pair.is_cuda
+
+
+def ample_budget(pair: torch.Tensor) -> int:
+    """The budget every op of an inference block over the pair shard ``pair`` reads on this rank,
+    when free memory cannot lower it: the device term (a tenth of the device), a
+    ``FreeMemoryBudget``, if this rank's free memory holds that term's 40 % share with room for
+    ``_AMPLE_PAIRS`` pair shards and ``_AMPLE_BUDGETS`` budgets besides; 0 otherwise (near the
+    limit, under a lean or overridden budget, on a CPU), where each op reads its own.
+
+    At the sizes people time, each op's ``budget_bytes`` is this same term (``min(0.4 × free,
+    term)``), and one reading per block instead of one per op (and, under CP, one agreement
+    instead of eight) gives the same chunks: the per-op readings and their host syncs are what a
+    block at small N waits on (docs/perf_notes.md, "cp=2 overhead at small N").
+    """
+    if _override_bytes is not None or _lean or not pair.is_cuda:
+        return 0
+    free_b, capacity_b = _cuda_free_bytes(pair.device)
+    pair_b = pair.numel() * pair.element_size()
+    term_b = _cuda_size_term(pair_b, capacity_b)
+    if term_b != int(capacity_b * _CUDA_DEVICE_FRACTION):  # the pair's quarter: N-dependent, large N
+        return 0
+    room_b = free_b - _AMPLE_PAIRS * pair_b - _AMPLE_BUDGETS * term_b
+    return FreeMemoryBudget(term_b) if room_b * _CUDA_FREE_FRACTION >= term_b else 0
+
+
 # Pair-shard-sized tensors the backward of one checkpointed block holds besides the chunks of the
 # op it recomputes: the recomputed op inputs (about five) and the gradient buffers (about three).
 BACKWARD_PAIRS = 8

@@ -11,6 +11,9 @@ all-reduce. The pair transposes are ``transpose.py``; point-to-point moves ``p2p
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 import torch.distributed as dist
 
@@ -64,15 +67,32 @@ def all_reduce_(t: torch.Tensor, layout: Layout) -> torch.Tensor:
     return t
 
 
+_agreed = False
+
+
+@contextlib.contextmanager
+def agreed() -> Iterator[None]:
+    """Inside the context ``agree_min`` returns its argument without a collective: the caller
+    vouches that every chunk size computed inside is the same on every rank (the budgets are
+    one value every rank holds, ``block.op_runner``, and the shards have one shape)."""
+    global _agreed
+    previous, _agreed = _agreed, True
+    try:
+        yield
+    finally:
+        _agreed = previous
+
+
 def agree_min(n: int | tuple[int, ...], layout: Layout, like: torch.Tensor) -> int | tuple[int, ...]:
-    """The smallest ``n`` over the layout's group (one tiny all-reduce on ``like``'s device); a
-    tuple of values is agreed element by element in the same all-reduce.
+    """The smallest ``n`` over the layout's group (one tiny all-reduce on ``like``'s device, and a
+    host sync); a tuple of values is agreed element by element in the same all-reduce. Inside
+    ``agreed()``, ``n`` itself.
 
     Chunk sizes come from each rank's free memory, which differs slightly between GPUs; a loop
     whose iterations issue collectives, or point-to-point steps that pair ranks up, must run the
     same number of times on every rank.
     """
-    if not layout.sharded:
+    if not layout.sharded or _agreed:
         return n
     t = torch.tensor(n if isinstance(n, tuple) else [n], dtype=torch.int64, device=like.device)
     dist.all_reduce(t, op=dist.ReduceOp.MIN, group=layout.group)
