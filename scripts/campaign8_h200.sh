@@ -18,6 +18,11 @@
 #             takes ~270 s): the next call continues it from a copy of this call's folder
 #             (RESUME=<that folder>, carried in the tree): finished timings are skipped, the probe
 #             continues from its probe_state.json, and its lock (older than the new run) is taken over.
+# CALL agree: #17 item 3, the chunk sizes agreed once per inference block (block.agreed_chunks)
+#             against the per-op agreement before it, side by side: the 64-block pass at N=512
+#             (boltz2, trunk only, kernels=auto), before (BASE_SRC: a snapshot of a commit without
+#             it, e.g. 4a30e3d, with its commit.txt) then after, at cp=1 and, where two GPUs are
+#             visible, cp=2.
 set -u
 CALLS=${1:?call name(s)}
 source scripts/campaign_lib.sh  # campaign_begin, left, point, probe, script_phase, archive_out, campaign_end
@@ -44,6 +49,13 @@ for CALL in $CALLS; do
            hydra.sweep.dir="$OUT/h19" report.out="$OUT/h19/cp_benchmark.md" resume=true > "$OUT/h19.log" 2>&1
          echo "phase h19 rc=$? $(( $(date +%s) - t0 )) s"
          grep -h "probe N=\|predicted\|verify\|timed one\|insufficient\|probed the largest\|interrupted" "$OUT/h19.log" | cut -c1-300 ;;
+    agree)
+      PASS512="model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing N=512"
+      for cp in 1 $([ "$(nvidia-smi -L | wc -l)" -ge 2 ] && echo 2); do
+        (cd "${BASE_SRC:?set BASE_SRC}" && CPBENCH_GIT_COMMIT=$(cat commit.txt) \
+           point "pass512_cp${cp}_before" 120 $PASS512 cp=$cp timing.timeout_s=150)
+        point "pass512_cp${cp}_after" 120 $PASS512 cp=$cp timing.timeout_s=150
+      done ;;
     *) echo "unknown call $CALL"; exit 2 ;;
   esac
 done
