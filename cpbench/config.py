@@ -58,7 +58,7 @@ UNSIGNED_KEYS = ("resume", "report", "hydra")
 # one block per probe step (the depth check verifies it against the full step). The exact
 # figure: probe.granularity=128 (the result's bracket says how wide it is). Training starts at
 # 512 (its block-input checkpoints are ~68 pair tensors: N=1,024 needs ~17 GiB).
-AUTO_PROBE_START = {"cuda": {"inference": 1024, "training": 512}, "cpu": 32}
+AUTO_PROBE_START = {"cuda": {"inference": 1024, "training": 512}, "cpu": {"inference": 32, "training": 32}}
 # CPU: the tiny trunk is memory-lean (~0.1 GiB above baseline at N=512, where a cp=2 step
 # already takes tens of seconds on 2 cores), so a cap this small is what lets the default
 # CPU probe meet a real allocation failure within minutes; 64 keeps the bisection short.
@@ -358,8 +358,7 @@ def auto_limit_gib(device: str, workflow: str) -> float | None:
 def _probe_settings(probe: dict, device: str, unit: int, train: bool, model: dict) -> ProbeSettings:
     start = probe.get("start")
     if start == "auto":
-        auto = AUTO_PROBE_START[device]
-        start = auto["training" if train else "inference"] if isinstance(auto, dict) else auto
+        start = AUTO_PROBE_START[device]["training" if train else "inference"]
     else:
         start = _int("probe.start", start, 1, "auto or a positive integer")
     start = round_up(start, unit)  # every N the probe tries is a multiple of the padding unit

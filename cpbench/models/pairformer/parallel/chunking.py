@@ -176,8 +176,8 @@ def ample_budget(pair: torch.Tensor) -> int:
         return 0
     free_b, capacity_b = _cuda_free_bytes(pair.device)
     pair_b = pair.numel() * pair.element_size()
-    term_b = _cuda_size_term(pair_b, capacity_b)
-    if term_b != int(capacity_b * _CUDA_DEVICE_FRACTION):  # the pair's quarter: N-dependent, large N
+    term_b = int(capacity_b * _CUDA_DEVICE_FRACTION)
+    if pair_b // _PAIR_FRACTION > term_b:  # the size term is the pair's quarter: N-dependent, large N
         return 0
     room_b = free_b - _AMPLE_PAIRS * pair_b - _AMPLE_BUDGETS * term_b
     return FreeMemoryBudget(term_b) if room_b * _CUDA_FREE_FRACTION >= term_b else 0

@@ -74,7 +74,7 @@ _agreed = False
 def agreed() -> Iterator[None]:
     """Inside the context ``agree_min`` returns its argument without a collective: the caller
     vouches that every chunk size computed inside is the same on every rank (the budgets are
-    one value every rank holds, ``block.op_runner``, and the shards have one shape)."""
+    one value every rank holds, ``block.agreed_chunks``, and the shards have one shape)."""
     global _agreed
     previous, _agreed = _agreed, True
     try:
