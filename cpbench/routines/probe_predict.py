@@ -96,12 +96,16 @@ def bracket_ends(predicted: int, granularity: int, unit: int, fit: MemoryFit | N
     centred on the prediction: when both ends agree the search is done in two points, and
     neither end sits at the predicted edge itself, where a re-run can land on either side (on a
     CPU, resident-set noise made such a max N fit once and fail once). Otherwise
-    ±``BRACKET_FRACTION`` of the prediction, at least one granularity step each side.
+    ±``BRACKET_FRACTION`` of the prediction, at least one granularity step each side, centred half
+    a step above the prediction: bisecting a bracket centred on it would try the predicted edge
+    itself first (a CI run on the CPU: N=1,446 ran out of memory, then fit on its re-run), while
+    this one's first midpoint is half a step above it and, when the prediction holds, the search
+    ends on the two points half a step either side, as with a tight fit.
     """
     if fit is not None and fit.n_points > fit.terms and fit.max_rel_residual <= TIGHT_FIT_RESIDUAL:
         low = max(unit, (predicted - granularity // 2) // unit * unit)
         return low, low + -(-granularity // unit) * unit
-    half = max(granularity, int(predicted * BRACKET_FRACTION))
-    low = max(unit, (predicted - half) // unit * unit)
-    high = -(-(predicted + half) // unit) * unit
+    half, centre = max(granularity, int(predicted * BRACKET_FRACTION)), predicted + granularity // 2
+    low = max(unit, (centre - half) // unit * unit)
+    high = -(-(centre + half) // unit) * unit
     return low, high

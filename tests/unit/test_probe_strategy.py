@@ -262,4 +262,6 @@ def test_a_fit_with_as_many_terms_as_points_never_gets_the_tight_bracket():
     over = MemoryFit(4.8e-7, 0.0, 1.43, 1, "a·N²+c", 3, 0.038)
     loose, tight = bracket_ends(1211, 64, 1, exact), bracket_ends(16983, 512, 1, over)
     assert loose[1] - loose[0] >= 2 * 64 and loose[0] < 1211 < loose[1]
+    # bisection's first midpoint is half a step above the prediction, not the predicted edge itself
+    assert (loose[0] + loose[1]) // 2 - 1211 == 64 // 2
     assert tight[1] - tight[0] == 512 and tight[0] < 16983 < tight[1]
