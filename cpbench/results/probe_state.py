@@ -35,22 +35,42 @@ def iter_incomplete_probes(root: str | os.PathLike) -> Iterator[tuple[Path, dict
 
 def without_continued_probes(found: list[tuple[Path, dict]]) -> list[tuple[Path, dict]]:
     """``found`` minus each probe record that a later run of the same probe continued: same
-    signature, and every point it measured is in the other record, measured the same (a probe
-    resumed from a copy of its probe_state.json holds the earlier points). The report then shows
-    one row per probe, with its final verdict."""
+    signature, every point it measured is in the other record, measured the same (N, status,
+    peaks and seconds: a probe resumed from a copy of its probe_state.json holds the earlier
+    points as they were; a run of its own measures at least its seconds anew), and the other
+    record went further: more points, or the same points and more of the bracket's re-runs
+    (``probe.verify``; a job stopped during them and resumed). The report then shows one row
+    per probe, with its final verdict."""
     def measured(record: dict) -> dict:
-        return {p["N"]: (p.get("status"), json.dumps(p.get("peak_alloc_gib"))) for p in record.get("points") or []}
+        return {p["N"]: (p.get("status"), json.dumps(p.get("peak_alloc_gib")), p.get("seconds"))
+                for p in record.get("points") or []}
 
-    probes = [(i, rec["signature"], measured(rec)) for i, (_, rec) in enumerate(found)
+    def progress(record: dict) -> tuple[int, int]:
+        verify = record.get("verify") or {}
+        return len(record.get("points") or []), sum(bool(verify.get(key)) for key in ("max_n", "above"))
+
+    probes = [(i, _state_signature(path, rec), measured(rec), progress(rec)) for i, (path, rec) in enumerate(found)
               if rec.get("routine") == "probe" and rec.get("signature")]
     dropped = set()
-    for i, signature, mine in probes:
-        for j, other_signature, theirs in probes:
-            if (j != i and j not in dropped and other_signature == signature and len(theirs) > len(mine)
+    for i, signature, mine, my_progress in probes:
+        for j, other_signature, theirs, their_progress in probes:
+            if (j != i and j not in dropped and other_signature == signature and their_progress > my_progress
                     and all(theirs.get(n) == m for n, m in mine.items())):
                 dropped.add(i)
                 break
     return [item for i, item in enumerate(found) if i not in dropped]
+
+
+def _state_signature(path: Path, record: dict) -> str:
+    """The signature of a probe record's saved points: an incomplete record's own (read from its
+    probe_state.json), a result.json's from the probe_state.json beside it (a result's signature
+    covers the probe's limits too, which a resumed probe may have changed), else the result's."""
+    if record.get("state_file"):
+        return record["signature"]
+    try:
+        return read_json(Path(path).parent / PROBE_STATE_FILE)["signature"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return record["signature"]
 
 
 def incomplete_probe(state_path: Path) -> dict | None:

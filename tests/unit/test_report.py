@@ -338,16 +338,19 @@ def test_memory_predictions_are_set_beside_the_largest_measured_max_n_of_the_gro
     assert set(at_cp2["measured"]) == {"16384 (fails 24576)"}, at_cp2
 
 
-def _probe_record(signature: str, points: list[tuple[int, str, float | None]]) -> dict:
+def _probe_record(signature: str, points: list[tuple[int, str, float | None]], seconds: float = 30.0,
+                  verified: tuple[str, ...] = ()) -> dict:
     return {"routine": "probe", "signature": signature,
-            "points": [{"N": n, "status": status, "fits": status == "ok", "peak_alloc_gib": [peak]}
-                       for n, status, peak in points]}
+            "points": [{"N": n, "status": status, "fits": status == "ok", "peak_alloc_gib": [peak],
+                        "seconds": seconds + n / 1000} for n, status, peak in points],
+            "verify": {key: {"N": 0} for key in verified}}
 
 
 def test_a_continued_probe_replaces_the_record_it_continued():
     """A probe resumed from a copy of its probe_state.json (same signature, its earlier points
-    inside) supersedes the earlier record; a probe that measured a point differently, or another
-    signature, is a separate run and keeps its row."""
+    inside, as measured) supersedes the earlier record, whether it went on to more points or only
+    to more of the bracket's re-runs; a probe that measured a point differently (another peak, or
+    the same peaks in other seconds: a run of its own), or another signature, keeps its row."""
     from cpbench.results import without_continued_probes
 
     early = _probe_record("s", [(2048, "ok", 9.4), (4096, "ok", 34.9)])
@@ -355,10 +358,13 @@ def test_a_continued_probe_replaces_the_record_it_continued():
     rerun = _probe_record("s", [(2048, "ok", 9.5)])  # measured again, not copied
     other = _probe_record("t", [(2048, "ok", 9.4)])
     timing = {"routine": "timing", "signature": "s"}
-    found = [(Path(name), rec) for name, rec in
-             (("a", early), ("b", continued), ("c", rerun), ("d", other), ("e", timing))]
+    stopped = _probe_record("v", [(2048, "ok", 9.4), (2560, "oom", None)], verified=("max_n",))
+    resumed = _probe_record("v", [(2048, "ok", 9.4), (2560, "oom", None)], verified=("max_n", "above"))
+    again = _probe_record("v", [(2048, "ok", 9.4), (2560, "oom", None)], seconds=31.0, verified=("max_n",))
+    found = [(Path(name), rec) for name, rec in (("a", early), ("b", continued), ("c", rerun), ("d", other),
+                                                 ("e", timing), ("f", stopped), ("g", resumed), ("h", again))]
     kept = [str(path) for path, _ in without_continued_probes(found)]
-    assert kept == ["b", "c", "d", "e"]
+    assert kept == ["b", "c", "d", "e", "g", "h"]
 
 
 def test_a_memory_fit_without_the_pair_term_predicts_its_own_cp_only():
