@@ -55,7 +55,8 @@ def probe_fits(records: list[dict]) -> list[dict]:
 
 
 def memory_tables(records: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(fits table, predictions table); both empty when no probe has a point that fit."""
+    """(fits table, predictions table); both empty when no probe has a point that fit. A probe
+    measured twice with the same peaks (the same job run again) gives one row, not two."""
     probes = probe_fits(records)
     fits = pd.DataFrame([{
         "fit from": p["label"], "form": p["fit"].form, "a (GiB/N²)": f"{p['fit'].a:.4g}",
@@ -75,7 +76,7 @@ def memory_tables(records: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
                 row[f"{size} GiB"] = _fmt(src["fit"].max_n(size, cp=cp))
             row.update(_beside_measured(src["fit"], cp, [p for p in same_group if p["cp"] == cp]))
             rows.append(row)
-    return fits, pd.DataFrame(rows)
+    return fits.drop_duplicates(ignore_index=True), pd.DataFrame(rows).drop_duplicates(ignore_index=True)
 
 
 def _beside_measured(fit: MemoryFit, cp: int, measured: list[dict]) -> dict[str, str]:

@@ -385,3 +385,7 @@ def test_a_memory_fit_without_the_pair_term_predicts_its_own_cp_only():
     by_source = predictions.groupby("fit from")["cp"].apply(list).to_dict()
     assert by_source == {"inference 1d cp=1, N 1,024–12,288": [1],
                          "inference 1d cp=2, N 1,024–4,096": [1, 2, 4, 8]}, by_source
+
+    # the same probe run twice (equal peaks): one fit row and one prediction row per cp, not two
+    fits, predictions = memory_tables([flat, quad, dict(quad)])
+    assert len(fits) == 2 and list(predictions["cp"]) == [1, 1, 2, 4, 8], predictions
