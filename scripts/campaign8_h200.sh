@@ -8,7 +8,8 @@
 #             trunk, sampler; depth DIAG_DEPTH, default 1) at N=DIAG_N (default 16,384), one step
 #             with compilation, op clock, chunk log and kernel table (scripts/near_limit_profile.py).
 # CALL train: #17, one training step (64 blocks, checkpointing, AdamW) at N=1,536, cp=1:
-#             kernels=flex with the compiled training path, then kernels=torch (as campaign4 g).
+#             kernels=torch, then kernels=flex with the compiled training path, 1 warmup + 5
+#             repeats each (about 400 s together).
 # CALL fit:   #17, max N not worse with kernels=torch: one trunk-only probe point at N=16,000.
 # CALL samp:  #17, inference with sampling (boltz2 defaults) at N=2,048, cp=1, the full timing
 #             contract (3 warmup + 5 repeats), kernels=auto, for what is left of the call.
@@ -37,8 +38,12 @@ for CALL in $CALLS; do
             scripts/near_limit_profile.py --single --workflow sampling --depth "${DIAG_DEPTH:-1}" \
             --n "${DIAG_N:-16384}" --out "$OUT/near_limit_sampling.json" ;;
     train)
-      point train1536_flex 200 $TRAIN N=1536 model.kernels=flex model.compile_training=true timing.timeout_s=300
-      point train1536_torch 200 $TRAIN N=1536 model.kernels=torch timing.timeout_s=$(( $(left) - 15 )) ;;
+      # one warmup step each (the first step compiles; compile time stays out of the repeats): the
+      # eleventh session's flex point with 3 warmup steps took 243 s of a 435 s call, leaving too
+      # little for torch's; with 1 both fit one call, and the ratio compares like with like
+      point train1536_torch 170 $TRAIN N=1536 model.kernels=torch timing.warmup=1 timing.timeout_s=300
+      point train1536_flex 170 $TRAIN N=1536 model.kernels=flex model.compile_training=true timing.warmup=1 \
+        timing.timeout_s=$(( $(left) - 15 )) ;;
     fit) probe fit16000_torch model=boltz2 workflow.sampling=false workflow.recycles=0 routine=probe cp=1 \
            model.kernels=torch probe.start=16000 probe.depth=1 probe.depth_check_n=1024 probe.max_points=1 \
            probe.verify=false probe.timeout_s=$(( $(left) - 30 )) ;;
