@@ -14,11 +14,14 @@
 # CALL samp:  #17, inference with sampling (boltz2 defaults) at N=2,048, cp=1, the full timing
 #             contract (3 warmup + 5 repeats), kernels=auto, for what is left of the call.
 # CALL h19:   #19, the headline command as typed on one GPU, `-m workflow=training cp=1,2,4,8
-#             N=1024,2048`, plus only its output location and resume=true, in $OUT/h19, for what is
-#             left of the call. It needs more than one call (a training probe point near the limit
-#             takes ~270 s): the next call continues it from a copy of this call's folder
-#             (RESUME=<that folder>, carried in the tree): finished timings are skipped, the probe
-#             continues from its probe_state.json, and its lock (older than the new run) is taken over.
+#             N=1024,2048`, plus only its output location and resume=true, for what is left of the
+#             call. It needs more than one call (its probe and the N=2,048 timing are several
+#             minutes each), so the sweep runs in one fixed folder, H19_DIR (default
+#             /tmp/cpbench_h19), that outlives a call while the machine stays warm; a freshly
+#             started machine first copies RESUME=<the previous call's h19 folder, carried in the
+#             tree> there. Finished points are skipped (resume=true), the probe continues from its
+#             probe_state.json, and its lock (older than the new run) is taken over. The folder is
+#             copied to $OUT/h19 at the end of the call.
 # CALL agree: #17 item 3, the chunk sizes agreed once per inference block (block.agreed_chunks)
 #             against the per-op agreement before it, side by side: the 64-block pass at N=512
 #             (boltz2, trunk only, kernels=auto), before (BASE_SRC: a snapshot of a commit without
@@ -48,11 +51,14 @@ for CALL in $CALLS; do
            model.kernels=torch probe.start=16000 probe.depth=1 probe.depth_check_n=1024 probe.max_points=1 \
            probe.verify=false probe.timeout_s=$(( $(left) - 30 )) ;;
     samp) point sampling2048_auto 400 model=boltz2 routine=timing cp=1 N=2048 timing.timeout_s=$(( $(left) - 15 )) ;;
-    h19) if [ -n "${RESUME:-}" ]; then cp -r "$RESUME" "$OUT/h19"; fi
+    h19) H19_DIR=${H19_DIR:-/tmp/cpbench_h19}
+         if [ ! -d "$H19_DIR" ] && [ -n "${RESUME:-}" ]; then cp -r "$RESUME" "$H19_DIR"; fi
+         echo "h19 in $H19_DIR: $(find "$H19_DIR" -name result.json 2>/dev/null | wc -l) result.json before this call"
          t0=$(date +%s)
          timeout $(( $(left) - 20 )) python3 -m cpbench -m workflow=training cp=1,2,4,8 N=1024,2048 \
-           hydra.sweep.dir="$OUT/h19" report.out="$OUT/h19/cp_benchmark.md" resume=true > "$OUT/h19.log" 2>&1
+           hydra.sweep.dir="$H19_DIR" report.out="$H19_DIR/cp_benchmark.md" resume=true >> "$H19_DIR.log" 2>&1
          echo "phase h19 rc=$? $(( $(date +%s) - t0 )) s"
+         cp -r "$H19_DIR" "$OUT/h19"; cp "$H19_DIR.log" "$OUT/h19.log"
          grep -h "probe N=\|predicted\|verify\|timed one\|insufficient\|probed the largest\|interrupted" "$OUT/h19.log" | cut -c1-300 ;;
     agree)
       PASS512="model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing N=512"
