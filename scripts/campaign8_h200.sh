@@ -8,9 +8,13 @@
 #             trunk, sampler; depth DIAG_DEPTH, default 1) at N=DIAG_N (default 16,384), one step
 #             with compilation, op clock, chunk log and kernel table (scripts/near_limit_profile.py).
 # CALL train: #17, one training step (64 blocks, checkpointing, AdamW) at N=1,536, cp=1:
-#             kernels=torch, then kernels=flex with the compiled training path, 1 warmup + 5
-#             repeats each (about 400 s together).
+#             kernels=torch, then kernels=flex (the compiled training path, the default since the
+#             twelfth session), 1 warmup + 5 repeats each (about 520 s together).
 # CALL fit:   #17, max N not worse with kernels=torch: one trunk-only probe point at N=16,000.
+# CALL tfit:  #17/#19, the training path under kernels=auto (compiled flex): one lean probe point
+#             at N=2,048 (what the training probe's ramp runs; 335 s before the triangle
+#             attention's chunk estimate for flex), then one full (non-lean) probe point at
+#             N=2,560, the cp=1 max N of kernels=torch (max N not worse).
 # CALL samp:  #17, inference with sampling (boltz2 defaults) at N=2,048, cp=1, the full timing
 #             contract (3 warmup + 5 repeats), kernels=auto, for what is left of the call.
 # CALL h19:   #19, the headline command as typed on one GPU, `-m workflow=training cp=1,2,4,8
@@ -44,12 +48,15 @@ for CALL in $CALLS; do
       # one warmup step each (the first step compiles; compile time stays out of the repeats): the
       # eleventh session's flex point with 3 warmup steps took 243 s of a 435 s call, leaving too
       # little for torch's; with 1 both fit one call, and the ratio compares like with like
-      point train1536_torch 170 $TRAIN N=1536 model.kernels=torch timing.warmup=1 timing.timeout_s=300
+      point train1536_torch 170 $TRAIN N=1536 model.kernels=torch timing.warmup=1 timing.timeout_s=400
       point train1536_flex 170 $TRAIN N=1536 model.kernels=flex model.compile_training=true timing.warmup=1 \
         timing.timeout_s=$(( $(left) - 15 )) ;;
     fit) probe fit16000_torch model=boltz2 workflow.sampling=false workflow.recycles=0 routine=probe cp=1 \
            model.kernels=torch probe.start=16000 probe.depth=1 probe.depth_check_n=1024 probe.max_points=1 \
            probe.verify=false probe.timeout_s=$(( $(left) - 30 )) ;;
+    tfit) TPROBE="model=boltz2 workflow=training routine=probe cp=1 probe.max_points=1 probe.verify=false"
+          probe tlean2048_auto $TPROBE probe.start=2048 probe.timeout_s=300
+          probe tfit2560_auto $TPROBE probe.start=2560 probe.strategy=bisect probe.timeout_s=$(( $(left) - 20 )) ;;
     samp) point sampling2048_auto 400 model=boltz2 routine=timing cp=1 N=2048 timing.timeout_s=$(( $(left) - 15 )) ;;
     h19) H19_DIR=${H19_DIR:-/tmp/cpbench_h19}
          if [ ! -d "$H19_DIR" ] && [ -n "${RESUME:-}" ]; then cp -r "$RESUME" "$H19_DIR"; fi

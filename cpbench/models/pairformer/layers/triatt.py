@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from cpbench.models.pairformer.ops import kernels
 from cpbench.models.pairformer.ops.biased_attention import biased_attention
 from cpbench.models.pairformer.ops.fused import gated_output, norm_linear
 from cpbench.models.pairformer.ops.triangle_attention_2d import triangle_attention_2d
@@ -78,8 +79,12 @@ class TriangleAttention(nn.Module):
         h, d = self.heads, self.head_dim
         if torch.is_grad_enabled():
             # Per row of z: LN, q/k/v/g, output; and [heads, N, N] for the bias gradient of the
-            # broadcast bias (CUDA) or the logits and probabilities of the unfused kernel (CPU).
-            per_row_b = (n_pad * (2 * c_z + 7 * h * d) + 3 * h * n_pad * n_pad) * z.element_size()
+            # broadcast bias (SDPA on CUDA) or the logits and probabilities of the unfused kernel
+            # (CPU). Compiled flex accumulates the bias gradient of all rows into one [heads, N, N]
+            # buffer per chunk (no per-row term; with it flex ran ~20x more, smaller chunks than
+            # it needs: 158 per op in a lean training probe point at N=2,048).
+            per_row = n_pad * (2 * c_z + 7 * h * d) + (0 if kernels.compiling(z) else 3 * h * n_pad * n_pad)
+            per_row_b = per_row * z.element_size()
             rc = chunking.rows_per_chunk(n_local, per_row_b, chunking.budget_bytes(z))
             if rc >= n_local:
                 return z + self._attend(z, bias)
