@@ -15,6 +15,8 @@
 #             at N=2,048 (what the training probe's ramp runs; 335 s before the triangle
 #             attention's chunk estimate for flex), then one full (non-lean) probe point at
 #             N=2,560, the cp=1 max N of kernels=torch (max N not worse).
+# CALL tleant: the same lean training points at N=1,024 and 2,048 on the eager training path
+#             (model.compile_training=false), for what is left of the call.
 # CALL samp:  #17, inference with sampling (boltz2 defaults) at N=2,048, cp=1, the full timing
 #             contract (3 warmup + 5 repeats), kernels=auto, for what is left of the call.
 # CALL h19:   #19, the headline command as typed on one GPU, `-m workflow=training cp=1,2,4,8
@@ -58,6 +60,9 @@ for CALL in $CALLS; do
     tfit) TPROBE="model=boltz2 workflow=training routine=probe cp=1 probe.max_points=2 probe.budget_s=1 probe.verify=false"
           probe tlean2048_auto $TPROBE probe.start=2048 probe.timeout_s=300
           probe tfit2560_auto $TPROBE probe.start=2560 probe.strategy=bisect probe.timeout_s=$(( $(left) - 20 )) ;;
+    tleant) TPROBE="model=boltz2 workflow=training routine=probe cp=1 probe.max_points=2 probe.budget_s=1 probe.verify=false"
+            probe tlean1024_torchpath $TPROBE probe.start=1024 model.compile_training=false probe.timeout_s=120
+            probe tlean2048_torchpath $TPROBE probe.start=2048 model.compile_training=false probe.timeout_s=$(( $(left) - 20 )) ;;
     samp) point sampling2048_auto 400 model=boltz2 routine=timing cp=1 N=2048 timing.timeout_s=$(( $(left) - 15 )) ;;
     h19) H19_DIR=${H19_DIR:-/tmp/cpbench_h19}
          if [ ! -d "$H19_DIR" ] && [ -n "${RESUME:-}" ]; then cp -r "$RESUME" "$H19_DIR"; fi
