@@ -19,14 +19,18 @@ on one H200 a dynamic-shape flex kernel ran at 22 TFLOP/s against 188 for the st
 cache serves the next process); ``compile_seconds()`` is the wall time those first calls took,
 which the adapter reports as its own stat so it stays apart from the timed steps.
 
-Training (autograd on) runs the compiled flex path too (``compile_training(True)``, the
-default; ``model.compile_training=false`` trains on the eager passes and the ``torch``
-attention). The first GPU attempt (dynamic shapes) failed, with a checkpoint metadata mismatch
-in the recompute of a checkpointed region and, in one block without checkpointing, parameter
-gradients far from the ``torch`` path's (``docs/perf_notes.md``); the static-shape path passes
-``scripts/kernel_parity.py`` on one H200 (fp32 worst parameter gradient 2.7e-6, bf16 1.1e-2).
-Its speed and training max N against ``torch`` are in ``docs/perf_notes.md`` ("Twelfth
-session"). On a CPU flex has no backward, so CPU training always runs the ``torch`` path.
+Training (autograd on) runs the eager passes and the ``torch`` attention under ``flex`` unless
+``compile_training(True)`` (``model.compile_training=true``). The first GPU attempt (dynamic
+shapes) failed, with a checkpoint metadata mismatch in the recompute of a checkpointed region
+and, in one block without checkpointing, parameter gradients far from the ``torch`` path's
+(``docs/perf_notes.md``); the static-shape path passes ``scripts/kernel_parity.py`` on one H200
+(fp32 worst parameter gradient 2.7e-6, bf16 1.1e-2). It stays off by default: its timed step
+at N=1,536 took 22.6 s, but a probe point is one step in a fresh process, which also compiles
+(the backward graphs compile at the first backward, inside the step; ``compile_seconds`` counts
+the forward's first calls only). On one H200 its lean training probe steps took 49 s at N=512,
+68 s at 1,024 (the eager path: 33 s) and 236 s at 2,048, and its step at N=2,560 (the eager
+path's max N) did not finish in 281 s (``docs/perf_notes.md``, "Twelfth session"). On a CPU
+flex has no backward, so CPU training always runs the ``torch`` path.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ KERNELS = ("auto", "torch", "flex", "cueq")
 RECOMPILE_LIMIT = 64
 _active = "torch"
 _compile_s = 0.0
-_compile_training = True
+_compile_training = False
 
 
 class KernelError(ValueError):
@@ -81,7 +85,7 @@ def compile_seconds() -> float:
 
 
 def compile_training(on: bool) -> None:
-    """Whether ``flex`` compiles under autograd too (on by default; see the module docstring)."""
+    """Whether ``flex`` compiles under autograd too (off by default; see the module docstring)."""
     global _compile_training
     _compile_training = bool(on)
 
