@@ -30,11 +30,15 @@ SIZE_KEYS = frozenset({"model.blocks", "model.msa_blocks", "model.atom_blocks", 
 
 def model_label(rec: dict) -> str | None:
     """The model's name, plus the ``model.*`` overrides of its size when the run changed them
-    (``boltz2 [model.blocks=1 model.msa_blocks=0]``): a sliced trunk is not the preset."""
+    (``boltz2 [model.blocks=1 model.msa_blocks=0]``): a sliced trunk is not the preset; and
+    ``model.compile_training=true`` for a training point on the compiled flex path."""
     point = rec.get("point") or {}
     name = (point.get("model") or (rec.get("config") or {}).get("model") or {}).get("name")
     changed = [o.lstrip("+") for o in rec.get("overrides") or []
                if o.lstrip("+").split("=")[0] in SIZE_KEYS]
+    model = point.get("model") or {}
+    if point.get("workflow") == "training" and model.get("compile_training") and model.get("kernels") in ("auto", "flex"):
+        changed.append("model.compile_training=true")  # a different training path (kernels.ran), whatever the default was
     return f"{name} [{' '.join(changed)}]" if name and changed else name
 
 
@@ -140,8 +144,12 @@ def _row(path: Path, rec: dict, root: Path, peak_tflops_cfg: float | None) -> di
 
 def kernels_of(rec: dict, model: dict) -> str | None:
     """The kernel backend a record ran: ``stats.kernels``, else its ``model.kernels`` choice, else
-    ``torch`` for the reference trunk measured before the switch existed (None for other models)."""
+    ``torch`` for the reference trunk measured before the switch existed (None for other models).
+    A training step under ``flex`` without ``model.compile_training`` ran the ``torch`` ops, which
+    records before ``kernels.ran`` named ``flex``."""
     ran = (rec.get("stats") or {}).get("kernels")
+    if ran == "flex" and (rec.get("point") or {}).get("workflow") == "training" and not model.get("compile_training"):
+        return "torch"
     if ran:
         return ran
     if flops.is_reference_trunk(model):

@@ -200,7 +200,7 @@ class PairformerAdapter:
             "stage_ms": stage_ms,
             "comm_bytes_per_block": max(model.block_comm_bytes, default=0),
             "comm_bytes_step": comm.BYTES.sent_b,
-            "kernels": ops_kernels.active(),
+            "kernels": ops_kernels.ran(training=end_s is not None, device=next(model.parameters()).device),
             "compile_s": round(ops_kernels.compile_seconds(), 3),
         }
         peaks = timer.peaks_gib() if timer is not None else (peaks or {})
@@ -216,9 +216,10 @@ class PairformerAdapter:
         ``comm_bytes_per_block`` (bytes this rank sent in one block's forward) and
         ``comm_bytes_step`` (the whole step, backward and gradient all-reduce included); on CUDA,
         where attention pieces were merged (2d), ``attention_lse_kernel`` (``cudnn`` or
-        ``efficient``, see ``sdpa_lse``); ``kernels`` (the backend that ran: ``torch``, ``flex`` or
-        ``cueq``) and ``compile_s`` (wall seconds of ``torch.compile`` in this process so far: the
-        first calls, which the timing's warmup absorbs); on CUDA ``stage_peak_gib`` (peak
+        ``efficient``, see ``sdpa_lse``); ``kernels`` (the backend whose ops ran: ``torch``, ``flex`` or
+        ``cueq``; ``torch`` for training under ``flex`` without compiled training, ``kernels.ran``)
+        and ``compile_s`` (wall seconds of ``torch.compile`` in this process so far: the first
+        calls, which the timing's warmup absorbs); on CUDA ``stage_peak_gib`` (peak
         allocated GiB per stage: embedding, msa, trunk -- which includes its nested embedding
         and msa --, sampling; training: forward, backward (with the gradient all-reduce),
         optimizer; ``StageTimer.peaks_gib``)."""

@@ -79,6 +79,14 @@ def active() -> str:
     return _active
 
 
+def ran(training: bool, device: torch.device) -> str:
+    """The backend whose ops a step ran: ``active()``, except that a training step under ``flex``
+    runs the ``torch`` ops unless compiled training is on and the device is CUDA."""
+    if _active == "flex" and training and not (_compile_training and device.type == "cuda"):
+        return "torch"
+    return _active
+
+
 def compile_seconds() -> float:
     """Wall seconds the first calls of compiled functions took in this process (compilation)."""
     return _compile_s
