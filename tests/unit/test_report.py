@@ -241,27 +241,6 @@ def test_rows_name_the_compiled_training_path_and_the_kernels_a_training_step_ra
     assert kernels_of({"point": inference, "stats": {"kernels": "flex"}}, {"kernels": "auto"}) == "flex"
 
 
-def test_the_kernels_a_step_ran():
-    import torch
-
-    from cpbench.models.pairformer.ops import kernels
-
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    saved = kernels.active(), kernels._compile_training
-    try:
-        kernels.select("flex", cpu)
-        kernels.compile_training(True)
-        assert kernels.ran(training=False, device=cpu) == "flex"  # eager flex forward
-        assert kernels.ran(training=True, device=cpu) == "torch"  # no flex backward on a CPU
-        assert kernels.ran(training=True, device=cuda) == "flex"
-        kernels.compile_training(False)
-        assert kernels.ran(training=True, device=cuda) == "torch"
-        kernels.select("torch", cpu)
-        assert kernels.ran(training=False, device=cuda) == "torch"
-    finally:
-        kernels._active, kernels._compile_training = saved
-
-
 def test_readout_takes_the_largest_fit_of_several_probes_of_one_cp():
     from cpbench.report.readout import max_n_sentences
 

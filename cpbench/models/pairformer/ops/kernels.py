@@ -16,8 +16,9 @@ The selection is process-wide (one worker process runs one point): the adapter c
 the first call of each compiled function per input shape in the process (``dynamic=False``:
 on one H200 a dynamic-shape flex kernel ran at 22 TFLOP/s against 188 for the static one,
 ``docs/perf_notes.md``; a process sees one N and a few row-chunk sizes, and inductor's on-disk
-cache serves the next process); ``compile_seconds()`` is the wall time those first calls took,
-which the adapter reports as its own stat so it stays apart from the timed steps.
+cache serves the next process); ``compile_seconds()`` is the wall time those first calls took
+plus inductor's backward compiles, which the adapter reports as its own stat so it stays apart
+from the timed steps.
 
 Training (autograd on) runs the eager passes and the ``torch`` attention under ``flex`` unless
 ``compile_training(True)`` (``model.compile_training=true``). The first GPU attempt (dynamic
@@ -26,11 +27,12 @@ and, in one block without checkpointing, parameter gradients far from the ``torc
 (``docs/perf_notes.md``); the static-shape path passes ``scripts/kernel_parity.py`` on one H200
 (fp32 worst parameter gradient 2.7e-6, bf16 1.1e-2). It stays off by default: its timed step
 at N=1,536 took 22.6 s, but a probe point is one step in a fresh process, which also compiles
-(the backward graphs compile at the first backward, inside the step; ``compile_seconds`` counts
-the forward's first calls only). On one H200 its lean training probe steps took 49 s at N=512,
-68 s at 1,024 (the eager path: 33 s) and 236 s at 2,048, and its step at N=2,560 (the eager
-path's max N) did not finish in 281 s (``docs/perf_notes.md``, "Twelfth session"). On a CPU
-flex has no backward, so CPU training always runs the ``torch`` path.
+(the backward graphs compile at the first backward, inside the step; ``compile_seconds``
+counted only the forward's first calls until the twelfth session, and counts both since). On
+one H200 its lean training probe steps took 49 s at N=512, 68 s at 1,024 (the eager path:
+33 s) and 236 s at 2,048, and its step at N=2,560 (the eager path's max N) did not finish in
+281 s (``docs/perf_notes.md``, "Twelfth session"). On a CPU flex has no backward, so CPU
+training always runs the ``torch`` path.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ KERNELS = ("auto", "torch", "flex", "cueq")
 RECOMPILE_LIMIT = 64
 _active = "torch"
 _compile_s = 0.0
+_compiled_once = False  # a compiled function was built in this process
 _compile_training = False
 
 
@@ -88,8 +91,24 @@ def ran(training: bool, device: torch.device) -> str:
 
 
 def compile_seconds() -> float:
-    """Wall seconds the first calls of compiled functions took in this process (compilation)."""
-    return _compile_s
+    """Wall seconds of compilation in this process: the first calls of compiled functions (their
+    forward graphs) plus inductor's backward compiles, which AOTAutograd runs lazily at the first
+    backward through each graph (``BACKWARD_COMPILE_METRIC`` in dynamo's compile-time metrics)."""
+    return _compile_s + backward_compile_seconds()
+
+
+# dynamo_timed's name for inductor's backward compiler (torch._inductor.compile_fx)
+BACKWARD_COMPILE_METRIC = "compile_fx.<locals>.bw_compiler"
+
+
+def backward_compile_seconds() -> float:
+    """Seconds inductor's backward compiles took in this process so far (0 before anything
+    compiled: torch._dynamo is then not imported, and importing it costs ~0.9 s)."""
+    if not _compiled_once:
+        return 0.0
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return float(sum(compilation_time_metrics.get(BACKWARD_COMPILE_METRIC, ())))
 
 
 def compile_training(on: bool) -> None:
@@ -109,7 +128,8 @@ def compiled(fn: Callable) -> Callable:
     """``fn`` under ``torch.compile`` when the ``flex`` backend runs on CUDA, else ``fn`` itself.
 
     The compiled function is built lazily (at its first CUDA call under ``flex``), and the time
-    of each first call per input signature (dtypes and shapes) counts as compile time.
+    of each first call per input signature (dtypes and shapes) counts as compile time (the
+    backward graphs' compiles count through ``backward_compile_seconds``).
     """
     state: dict = {"fn": None, "seen": set()}
 
@@ -121,8 +141,10 @@ def compiled(fn: Callable) -> Callable:
         if state["fn"] is None:
             # set here, not at import: torch._dynamo costs every process ~0.9 s and 69 MiB, and
             # only flex on CUDA compiles (a worker starts for every probe point)
+            global _compiled_once
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
             state["fn"] = torch.compile(fn, dynamic=False)
+            _compiled_once = True
         key = tuple((a.dtype, tuple(a.shape)) for a in args if isinstance(a, torch.Tensor))
         if key in state["seen"]:
             return state["fn"](*args, **kwargs)
