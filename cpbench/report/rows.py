@@ -145,10 +145,12 @@ def _row(path: Path, rec: dict, root: Path, peak_tflops_cfg: float | None) -> di
 def kernels_of(rec: dict, model: dict) -> str | None:
     """The kernel backend a record ran: ``stats.kernels``, else its ``model.kernels`` choice, else
     ``torch`` for the reference trunk measured before the switch existed (None for other models).
-    A training step under ``flex`` without ``model.compile_training`` ran the ``torch`` ops, which
-    records before ``kernels.ran`` named ``flex``."""
+    A training step under ``flex`` ran the ``torch`` ops unless compiled training ran on CUDA,
+    which records before ``kernels.ran`` (the same rule, on the worker) named ``flex``."""
     ran = (rec.get("stats") or {}).get("kernels")
-    if ran == "flex" and (rec.get("point") or {}).get("workflow") == "training" and not model.get("compile_training"):
+    point = rec.get("point") or {}
+    if (ran == "flex" and point.get("workflow") == "training"
+            and not (model.get("compile_training") and point.get("device") == "cuda")):
         return "torch"
     if ran:
         return ran

@@ -3,6 +3,7 @@ ops a step ran, and what counts as compile time. The kernels themselves are pari
 ``tests/distributed/test_kernels_parity.py`` (CPU) and ``scripts/kernel_parity.py`` (GPU)."""
 
 import inspect
+import sys
 
 import pytest
 import torch
@@ -33,9 +34,9 @@ def test_compile_time_counts_the_lazy_backward_compiles(monkeypatch):
     from torch._dynamo.utils import compilation_time_metrics
 
     monkeypatch.setattr(kernels, "_compile_s", 2.0)
-    monkeypatch.setattr(kernels, "_compiled_once", False)
-    assert kernels.compile_seconds() == 2.0  # nothing compiled: dynamo's metrics are not read
-    monkeypatch.setattr(kernels, "_compiled_once", True)
+    with monkeypatch.context() as no_dynamo:
+        no_dynamo.delitem(sys.modules, "torch._dynamo.utils")
+        assert kernels.compile_seconds() == 2.0  # nothing compiled: dynamo's metrics are not read
     monkeypatch.setitem(compilation_time_metrics, kernels.BACKWARD_COMPILE_METRIC, [1.5, 0.25])
     assert kernels.backward_compile_seconds() == pytest.approx(1.75)
     assert kernels.compile_seconds() == pytest.approx(3.75)

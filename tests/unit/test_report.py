@@ -229,8 +229,10 @@ def test_rows_name_a_sliced_model_and_sampled_inference():
 def test_rows_name_the_compiled_training_path_and_the_kernels_a_training_step_ran():
     from cpbench.report.rows import kernels_of, model_label
 
-    compiled = {"workflow": "training", "model": {"name": "pairformer", "kernels": "auto", "compile_training": True}}
-    eager = {"workflow": "training", "model": {"name": "pairformer", "kernels": "auto", "compile_training": False}}
+    compiled = {"workflow": "training", "device": "cuda",
+                "model": {"name": "pairformer", "kernels": "auto", "compile_training": True}}
+    eager = {"workflow": "training", "device": "cuda",
+             "model": {"name": "pairformer", "kernels": "auto", "compile_training": False}}
     assert model_label({"point": compiled, "overrides": []}) == "pairformer [model.compile_training=true]"
     assert model_label({"point": eager, "overrides": []}) == "pairformer"
     inference = {"workflow": "inference", "model": {**compiled["model"]}}
@@ -238,6 +240,8 @@ def test_rows_name_the_compiled_training_path_and_the_kernels_a_training_step_ra
     # records before kernels.ran said flex for a training step that ran the torch ops
     assert kernels_of({"point": eager, "stats": {"kernels": "flex"}}, eager["model"]) == "torch"
     assert kernels_of({"point": compiled, "stats": {"kernels": "flex"}}, compiled["model"]) == "flex"
+    on_cpu = {**compiled, "device": "cpu"}  # no flex backward on a CPU: the torch ops ran
+    assert kernels_of({"point": on_cpu, "stats": {"kernels": "flex"}}, on_cpu["model"]) == "torch"
     assert kernels_of({"point": inference, "stats": {"kernels": "flex"}}, {"kernels": "auto"}) == "flex"
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import sys
 import time
 from typing import Callable
 
@@ -49,7 +50,6 @@ KERNELS = ("auto", "torch", "flex", "cueq")
 RECOMPILE_LIMIT = 64
 _active = "torch"
 _compile_s = 0.0
-_compiled_once = False  # a compiled function was built in this process
 _compile_training = False
 
 
@@ -102,13 +102,12 @@ BACKWARD_COMPILE_METRIC = "compile_fx.<locals>.bw_compiler"
 
 
 def backward_compile_seconds() -> float:
-    """Seconds inductor's backward compiles took in this process so far (0 before anything
-    compiled: torch._dynamo is then not imported, and importing it costs ~0.9 s)."""
-    if not _compiled_once:
+    """Seconds inductor's backward compiles took in this process so far (0 while dynamo is not
+    imported: nothing compiled, and importing it here would cost ~0.9 s)."""
+    dynamo_utils = sys.modules.get("torch._dynamo.utils")
+    if dynamo_utils is None:
         return 0.0
-    from torch._dynamo.utils import compilation_time_metrics
-
-    return float(sum(compilation_time_metrics.get(BACKWARD_COMPILE_METRIC, ())))
+    return float(sum(dynamo_utils.compilation_time_metrics.get(BACKWARD_COMPILE_METRIC, ())))
 
 
 def compile_training(on: bool) -> None:
@@ -141,10 +140,8 @@ def compiled(fn: Callable) -> Callable:
         if state["fn"] is None:
             # set here, not at import: torch._dynamo costs every process ~0.9 s and 69 MiB, and
             # only flex on CUDA compiles (a worker starts for every probe point)
-            global _compiled_once
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
             state["fn"] = torch.compile(fn, dynamic=False)
-            _compiled_once = True
         key = tuple((a.dtype, tuple(a.shape)) for a in args if isinstance(a, torch.Tensor))
         if key in state["seen"]:
             return state["fn"](*args, **kwargs)
