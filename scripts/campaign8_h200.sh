@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The ninth device session's calls on one H200 (docs/perf_notes.md, "Ninth device session").
+# The ninth to twelfth device sessions' calls on one H200 (docs/perf_notes.md, "Ninth device
+# session" onwards).
 #   run on the GPU machine from a tree that has .whl/ (and .whl/stock/ for CALL s):
 #   OUT=<dir> BUDGET_S=<s> bash scripts/campaign8_h200.sh CALL...
 # CALL s:     #20, the stock Boltz-2 baseline (scripts/campaign_stock_h200.sh) in $OUT/stock, for
@@ -7,16 +8,18 @@
 # CALL diag:  #22, where the default job's near-limit probe step goes (its model: MSA module,
 #             trunk, sampler; depth DIAG_DEPTH, default 1) at N=DIAG_N (default 16,384), one step
 #             with compilation, op clock, chunk log and kernel table (scripts/near_limit_profile.py).
-# CALL train: #17, one training step (64 blocks, checkpointing, AdamW) at N=1,536, cp=1:
-#             kernels=torch, then kernels=flex (the compiled training path, the default since the
-#             twelfth session), 1 warmup + 5 repeats each (about 520 s together).
+# CALL trainflex, traintorch: #17, one training step (64 blocks, checkpointing, AdamW) at
+#             N=1,536, cp=1, 3 warmup + 5 repeats (the enforced minimums): kernels=flex with the
+#             compiled training path, and kernels=torch, each for what is left of its call. The
+#             pair (about 670 s) does not fit one call: run them as two calls back to back on the
+#             warm machine for the ratio.
 # CALL fit:   #17, max N not worse with kernels=torch: one trunk-only probe point at N=16,000.
-# CALL tfit:  #17/#19, the training path under kernels=auto (compiled flex): one lean probe point
-#             at N=2,048 (what the training probe's ramp runs; 335 s before the triangle
+# CALL tfit:  #17/#19, the compiled training path (model.compile_training=true): one lean probe
+#             point at N=2,048 (what the training probe's ramp runs; 335 s before the triangle
 #             attention's chunk estimate for flex), then one full (non-lean) probe point at
-#             N=2,560, the cp=1 max N of kernels=torch (max N not worse).
+#             N=2,560, the cp=1 max N of the eager path (max N not worse).
 # CALL tleant: the same lean training points at N=1,024 and 2,048 on the eager training path
-#             (model.compile_training=false), for what is left of the call.
+#             (model.compile_training=false, the default), for what is left of the call.
 # CALL samp:  #17, inference with sampling (boltz2 defaults) at N=2,048, cp=1, the full timing
 #             contract (3 warmup + 5 repeats), kernels=auto, for what is left of the call.
 # CALL h19:   #19, the headline command as typed on one GPU, `-m workflow=training cp=1,2,4,8
@@ -38,6 +41,8 @@ CALLS=${1:?call name(s)}
 source scripts/campaign_lib.sh  # campaign_begin, left, point, probe, script_phase, archive_out, campaign_end
 campaign_begin 570
 TRAIN="model=boltz2 workflow=training routine=timing cp=1"
+# one probe point at probe.start (max_points >= 2 is enforced; budget_s=1 starts no second point)
+TPROBE="model=boltz2 workflow=training routine=probe cp=1 probe.max_points=2 probe.budget_s=1 probe.verify=false"
 
 for CALL in $CALLS; do
   case "$CALL" in
@@ -48,20 +53,13 @@ for CALL in $CALLS; do
             --n "${DIAG_N:-16384}" --out "$OUT/near_limit_sampling.json" ;;
     trainflex) point train1536_flex 170 $TRAIN N=1536 model.kernels=flex model.compile_training=true timing.timeout_s=$(( $(left) - 15 )) ;;
     traintorch) point train1536_torch 170 $TRAIN N=1536 model.kernels=torch timing.timeout_s=$(( $(left) - 15 )) ;;
-    train)
-      # timing.warmup >= 3 is enforced, so the pair (about 670 s) does not fit one call: run
-      # CALLS="trainflex traintorch" back to back on the warm machine
-      point train1536_torch 170 $TRAIN N=1536 model.kernels=torch timing.timeout_s=560
-      point train1536_flex 170 $TRAIN N=1536 model.kernels=flex model.compile_training=true \
-        timing.timeout_s=$(( $(left) - 15 )) ;;
     fit) probe fit16000_torch model=boltz2 workflow.sampling=false workflow.recycles=0 routine=probe cp=1 \
            model.kernels=torch probe.start=16000 probe.depth=1 probe.depth_check_n=1024 probe.max_points=2 probe.budget_s=1 \
            probe.verify=false probe.timeout_s=$(( $(left) - 30 )) ;;
-    tfit) TPROBE="model=boltz2 workflow=training routine=probe cp=1 probe.max_points=2 probe.budget_s=1 probe.verify=false"
-          probe tlean2048_auto $TPROBE probe.start=2048 probe.timeout_s=300
-          probe tfit2560_auto $TPROBE probe.start=2560 probe.strategy=bisect probe.timeout_s=$(( $(left) - 20 )) ;;
-    tleant) TPROBE="model=boltz2 workflow=training routine=probe cp=1 probe.max_points=2 probe.budget_s=1 probe.verify=false"
-            probe tlean1024_torchpath $TPROBE probe.start=1024 model.compile_training=false probe.timeout_s=120
+    tfit) probe tlean2048_compiled $TPROBE probe.start=2048 model.compile_training=true probe.timeout_s=300
+          probe tfit2560_compiled $TPROBE probe.start=2560 probe.strategy=bisect model.compile_training=true \
+            probe.timeout_s=$(( $(left) - 20 )) ;;
+    tleant) probe tlean1024_torchpath $TPROBE probe.start=1024 model.compile_training=false probe.timeout_s=120
             probe tlean2048_torchpath $TPROBE probe.start=2048 model.compile_training=false probe.timeout_s=$(( $(left) - 20 )) ;;
     samp) point sampling2048_auto 400 model=boltz2 routine=timing cp=1 N=2048 timing.timeout_s=$(( $(left) - 15 )) ;;
     h19) H19_DIR=${H19_DIR:-/tmp/cpbench_h19}

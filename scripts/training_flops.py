@@ -63,5 +63,6 @@ def main() -> None:
             print(f"  training checkpointing={checkpointing} budget={'default' if budget_b is None else '1 MiB'}: "
                   f"{total / 1e9:.2f} GFLOP = {total / forward:.2f}x the forward")
 
+
 if __name__ == "__main__":
     main()
