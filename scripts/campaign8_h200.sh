@@ -31,6 +31,11 @@
 #             tree> there. Finished points are skipped (resume=true), the probe continues from its
 #             probe_state.json, and its lock (older than the new run) is taken over. The folder is
 #             copied to $OUT/h19 at the end of the call.
+# CALL tprof: where a training step's time goes (scripts/training_profile.py): the boltz2 trunk
+#             with 2 blocks, cp=1, one step per variant in its own process: eager at N=1,024 and
+#             2,048, eager lean at 2,048, block-only checkpointing at 2,048, compiled (flex,
+#             compile_training) at 2,048 and compiled lean at 2,048; each capped at TPROF_S
+#             (default 120) seconds.
 # CALL agree: #17 item 3, the chunk sizes agreed once per inference block (block.agreed_chunks)
 #             against the per-op agreement before it, side by side: the 64-block pass at N=512
 #             (boltz2, trunk only, kernels=auto), before (BASE_SRC: a snapshot of a commit without
@@ -71,6 +76,18 @@ for CALL in $CALLS; do
          echo "phase h19 rc=$? $(( $(date +%s) - t0 )) s"
          cp -r "$H19_DIR" "$OUT/h19"; cp "$H19_DIR.log" "$OUT/h19.log"
          grep -h "probe N=\|predicted\|verify\|timed one\|insufficient\|probed the largest\|interrupted" "$OUT/h19.log" | cut -c1-300 ;;
+    tprof) for v in "eager 1024" "eager 2048" "eager 2048 --lean" "eager_block 2048" "compiled 2048" \
+                    "compiled 2048 --lean"; do
+             set -- $v
+             name="tprof_$1_$2${3:+_lean}"
+             if [ "$(left)" -le 40 ]; then echo "skip $name: $(left) s left"; continue; fi
+             t0=$(date +%s)
+             timeout $(( $(left) - 5 < ${TPROF_S:-120} ? $(left) - 5 : ${TPROF_S:-120} )) \
+               python3 scripts/training_profile.py --variant "$1" --n "$2" ${3:-} --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+             echo "phase $name rc=$? $(( $(date +%s) - t0 )) s"
+             python3 -c "import json,sys; r=json.load(open(sys.argv[1])); [r.pop(k) for k in ('top_kernels',)]; print(json.dumps(r))" \
+               "$OUT/$name.json" 2>/dev/null
+           done ;;
     agree)
       PASS512="model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing N=512"
       for cp in 1 $([ "$(nvidia-smi -L | wc -l)" -ge 2 ] && echo 2); do
