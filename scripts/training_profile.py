@@ -72,7 +72,7 @@ def main() -> None:
     p.add_argument("--port", type=int, default=29533)
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     mesh = one_rank_mesh(device, args.port)
     if args.variant == "eager_block":  # the block checkpointed, its ops not
         block_module.op_runner = lambda z, layout, checkpoint_ops: (lambda op, *a: op(*a))
