@@ -38,7 +38,7 @@ from cpbench.models.pairformer.ops import kernels
 GIB = 1 << 30
 # Kernel name patterns, first match wins: the kinds a step's CUDA time is grouped by.
 KINDS = (
-    ("attention_backward", r"(?i)(attention_backward|fmha.*B|bwd|backward.*attn|flex.*backward|dq_dk|dkdv)"),
+    ("attention_backward", r"(cutlassB|attention_backward|AttentionBackward|_bwd|flex_attention_backward|dq_dk|dkdv)"),
     ("attention_forward", r"(?i)(fmha|flash|attention|cudnn.*sdpa|flex|triton_tem_fused)"),
     ("gemm", r"(?i)(gemm|cutlass|sm90_xmma|nvjet|cublas|matmul|ampere_.*_s16816)"),
     ("layer_norm", r"(?i)(layer_norm|layernorm)"),

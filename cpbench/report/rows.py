@@ -31,14 +31,16 @@ SIZE_KEYS = frozenset({"model.blocks", "model.msa_blocks", "model.atom_blocks", 
 def model_label(rec: dict) -> str | None:
     """The model's name, plus the ``model.*`` overrides of its size when the run changed them
     (``boltz2 [model.blocks=1 model.msa_blocks=0]``): a sliced trunk is not the preset; and
-    ``model.compile_training=true`` for a training point on the compiled flex path."""
+    ``model.compile_training=true`` for a training point on the compiled flex path (CUDA; on a
+    CPU the ``torch`` ops train whatever it says)."""
     point = rec.get("point") or {}
     name = (point.get("model") or (rec.get("config") or {}).get("model") or {}).get("name")
     changed = [o.lstrip("+") for o in rec.get("overrides") or []
                if o.lstrip("+").split("=")[0] in SIZE_KEYS]
     model = point.get("model") or {}
-    if point.get("workflow") == "training" and model.get("compile_training") and model.get("kernels") in ("auto", "flex"):
-        changed.append("model.compile_training=true")  # a different training path (kernels.ran), whatever the default was
+    if (point.get("workflow") == "training" and model.get("compile_training") and model.get("kernels") in ("auto", "flex")
+            and point.get("device") == "cuda"):  # a different training path (kernels.ran), whatever the default was
+        changed.append("model.compile_training=true")
     return f"{name} [{' '.join(changed)}]" if name and changed else name
 
 

@@ -102,7 +102,32 @@ def test_a_cuda_budget_near_the_limit_is_a_share_of_free_memory_and_keeps_its_fl
     # training leaves room for the backward's pair-sized tensors first, with the same size term
     monkeypatch.setattr(chunking, "_cuda_free_bytes", lambda device: (100 * GIB, 140 * GIB))
     assert chunking.training_budget_bytes(_CudaPair(GIB)) == 14 * GIB
-    assert chunking.training_budget_bytes(_CudaPair(10 * GIB)) == int(0.4 * 20 * GIB)
+    # 40 % of the 20 GiB left (8 GiB), rounded down to a step of an eighth of the 14 GiB term
+    assert chunking.training_budget_bytes(_CudaPair(10 * GIB)) == 7 * GIB
+
+
+def test_training_budgets_take_a_handful_of_values_as_free_memory_falls(monkeypatch):
+    """A step's blocks read free memory as the saved block inputs pile up: the compiled training
+    path compiles once per chunk shape, so their budgets must not take a new value per block."""
+    budgets = set()
+    for free_mib in range(200 * 1024, 0, -700):  # the free memory of 300 blocks, each saving ~0.7 GiB
+        monkeypatch.setattr(chunking, "_cuda_free_bytes", lambda device, f=free_mib: (f << 20, 140 * GIB))
+        budget = chunking.training_budget_bytes(_CudaPair(GIB))
+        budgets.add(budget)
+        assert budget <= max(0.4 * ((free_mib << 20) - chunking.BACKWARD_PAIRS * GIB), 64 << 20)
+    assert len(budgets) <= 8 + 12, sorted(budgets)  # the term's eighths, powers of two below them
+    assert 14 * GIB in budgets and (64 << 20) in budgets
+
+
+def test_lean_training_budgets_are_a_few_pair_shards(monkeypatch):
+    """A hundredth of the device made the training ops crawl; lean training budgets are four pair
+    shards (at most the size term), or the lean term if larger."""
+    monkeypatch.setattr(chunking, "_cuda_free_bytes", lambda device: (100 * GIB, 140 * GIB))
+    with chunking.lean_budgets():
+        assert chunking.training_budget_bytes(_CudaPair(GIB)) == 4 * GIB
+        assert chunking.training_budget_bytes(_CudaPair(64 * GIB)) == 16 * GIB  # the size term: a quarter
+        assert chunking.training_budget_bytes(_CudaPair(GIB // 64)) == int(1.4 * GIB)  # the lean term
+        assert chunking.budget_bytes(_CudaPair(GIB)) == int(1.4 * GIB)  # inference: unchanged
 
 
 def test_lean_budgets_are_a_32nd_of_a_cuda_pair_shard_or_a_100th_of_the_device_and_nothing_new_on_a_cpu(monkeypatch):
@@ -111,7 +136,6 @@ def test_lean_budgets_are_a_32nd_of_a_cuda_pair_shard_or_a_100th_of_the_device_a
     normal = chunking.budget_bytes(cpu_pair)
     with chunking.lean_budgets():
         assert chunking.budget_bytes(_CudaPair(64 * GIB)) == 2 * GIB
-        assert chunking.training_budget_bytes(_CudaPair(64 * GIB)) == 2 * GIB
         assert not isinstance(chunking.budget_bytes(_CudaPair(64 * GIB)), FreeMemoryBudget)
         assert chunking.budget_bytes(_CudaPair(GIB)) == int(1.4 * GIB)
         assert chunking.budget_bytes(cpu_pair) == normal

@@ -237,6 +237,7 @@ def test_rows_name_the_compiled_training_path_and_the_kernels_a_training_step_ra
     assert model_label({"point": eager, "overrides": []}) == "pairformer"
     inference = {"workflow": "inference", "model": {**compiled["model"]}}
     assert model_label({"point": inference, "overrides": []}) == "pairformer"
+    assert model_label({"point": {**compiled, "device": "cpu"}, "overrides": []}) == "pairformer"
     # records before kernels.ran said flex for a training step that ran the torch ops
     assert kernels_of({"point": eager, "stats": {"kernels": "flex"}}, eager["model"]) == "torch"
     assert kernels_of({"point": compiled, "stats": {"kernels": "flex"}}, compiled["model"]) == "flex"

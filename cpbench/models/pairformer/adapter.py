@@ -81,7 +81,7 @@ class PairformerAdapter:
                  c_atom: int = 128, c_atompair: int = 16, atom_blocks: int = 3, atom_heads: int = 4,
                  c_m: int = 64, msa_blocks: int = 4, sampling: bool = False, sampling_steps: int = 200,
                  samples: int = 5, diffusion: dict | None = None, kernels: str = "auto",
-                 compile_training: bool = False) -> None:
+                 compile_training: bool = True) -> None:
         if dtype not in TORCH_DTYPES:
             raise ValueError(f"dtype={dtype!r}: allowed {sorted(TORCH_DTYPES)}")
         self.sizes = dict(c_s=c_s, c_z=c_z, blocks=blocks, heads_single=heads_single, heads_tri=heads_tri,

@@ -6,8 +6,8 @@ Triangle attention attends every row of the pair tensor with the same ``[heads, 
 * ``torch``: ``F.scaled_dot_product_attention`` with the bias expanded over the rows (cuDNN or
   the memory-efficient kernel on CUDA, the math kernel on a CPU).
 * ``flex``: ``flex_attention`` reading the bias in ``score_mod``; compiled on CUDA, where its
-  backward gives gradients into q, k, v and the bias when ``model.compile_training=true``
-  (otherwise, the default, the ``torch`` kernel runs under autograd); eager on a CPU (forward
+  backward gives gradients into q, k, v and the bias (``model.compile_training=true``, the
+  default; with ``false`` the ``torch`` kernel runs under autograd); eager on a CPU (forward
   only: with autograd the ``torch`` kernel runs).
 * ``cueq``: ``cuequivariance_torch.triangle_attention`` (its ``(N, H, Q, D)`` layout with B = 1 is
   ours: rows, heads, queries, head dim; it casts the bias to fp32). Its log-sum-exp is "for

@@ -20,19 +20,21 @@ cache serves the next process); ``compile_seconds()`` is the wall time those fir
 plus inductor's backward compiles, which the adapter reports as its own stat so it stays apart
 from the timed steps.
 
-Training (autograd on) runs the eager passes and the ``torch`` attention under ``flex`` unless
-``compile_training(True)`` (``model.compile_training=true``). The first GPU attempt (dynamic
-shapes) failed, with a checkpoint metadata mismatch in the recompute of a checkpointed region
-and, in one block without checkpointing, parameter gradients far from the ``torch`` path's
-(``docs/perf_notes.md``); the static-shape path passes ``scripts/kernel_parity.py`` on one H200
-(fp32 worst parameter gradient 2.7e-6, bf16 1.1e-2). It stays off by default: its timed step
-at N=1,536 took 22.6 s, but a probe point is one step in a fresh process, which also compiles
-(the backward graphs compile at the first backward, inside the step; ``compile_seconds``
-counted only the forward's first calls until the twelfth session, and counts both since). On
-one H200 its lean training probe steps took 49 s at N=512, 68 s at 1,024 (the eager path:
-33 s) and 236 s at 2,048, and its step at N=2,560 (the eager path's max N) did not finish in
-281 s (``docs/perf_notes.md``, "Twelfth session"). On a CPU flex has no backward, so CPU
-training always runs the ``torch`` path.
+Training (autograd on) under ``flex`` on CUDA runs the compiled path too (flex attention's fused
+backward, gradients into q, k, v and the bias; the compiled passes) unless
+``compile_training(False)`` (``model.compile_training=false``: the eager passes and the ``torch``
+attention under autograd). The first GPU attempt (dynamic shapes) failed, with a checkpoint
+metadata mismatch in the recompute of a checkpointed region and, in one block without
+checkpointing, parameter gradients far from the ``torch`` path's (``docs/perf_notes.md``); the
+static-shape path passes ``scripts/kernel_parity.py`` on one H200 (fp32 worst parameter gradient
+2.7e-6, bf16 1.1e-2). On one H200 a 2-block training step at N=2,048 took 1.32 s compiled
+against 4.02 s eager (``scripts/training_profile.py``; the eager step spends 58 % of its kernel
+time in the memory-efficient SDPA kernels, forward and backward, which the expanded bias's
+gradient forces), so it is the default since the thirteenth session. Each new N compiles anew
+(a probe point is one step in a fresh process: about 25 s of compilation at N=2,048), and the
+training chunk budgets take a handful of values (``chunking.training_budget_bytes``) so a step
+compiles a handful of chunk shapes. On a CPU flex has no backward, so CPU training always runs
+the ``torch`` path.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ KERNELS = ("auto", "torch", "flex", "cueq")
 RECOMPILE_LIMIT = 64
 _active = "torch"
 _compile_s = 0.0
-_compile_training = False
+_compile_training = True
 
 
 class KernelError(ValueError):
@@ -111,7 +113,8 @@ def backward_compile_seconds() -> float:
 
 
 def compile_training(on: bool) -> None:
-    """Whether ``flex`` compiles under autograd too (off by default; see the module docstring)."""
+    """Whether ``flex`` compiles under autograd too (``model.compile_training``, on by default; see
+    the module docstring)."""
     global _compile_training
     _compile_training = bool(on)
 

@@ -187,22 +187,41 @@ def ample_budget(pair: torch.Tensor) -> int:
 # op it recomputes: the recomputed op inputs (about five) and the gradient buffers (about three).
 BACKWARD_PAIRS = 8
 _MIN_TRAINING_BUDGET_BYTES = 64 << 20
+# A training budget is rounded down to a multiple of an eighth of its size term (a power of two
+# below that), so the 64 blocks of a step, each reading free memory as the saved block inputs
+# pile up, see a handful of budgets, not 64: the compiled training path compiles once per chunk
+# shape, and near the limit a new budget per block meant a new shape, and a compile, per block.
+_TRAINING_BUDGET_STEPS = 8
+# Lean training budgets: this many pair shards (at most the normal size term), or the lean term
+# if larger. A lean budget of a hundredth of the device made the training ops crawl (the triangle
+# multiplication's channel chunk leaves two pair shards aside: below that it ran 128 one-channel
+# chunks, each re-reading z; a 2-block step at N=2,048 took 5.3 s compiled against 1.3 s, over 25 s
+# eager against 4.0 s on one H200, docs/perf_notes.md, "Thirteenth session"), and a budget of a few
+# pair shards is what the op gets near the max N, where the normal budget is 40 % of a small room.
+_LEAN_TRAINING_PAIRS = 4
 
 
 def training_budget_bytes(pair: torch.Tensor) -> int:
     """The chunk budget of a checkpointed block in training (``block.op_runner``): the default
     budget measured after leaving room for that block's backward (``BACKWARD_PAIRS`` tensors
-    the size of ``pair``), with the same size term as ``budget_bytes``. Without the room the
-    budget is 40 % of a free memory that the backward then fills, and a step that fits in the
-    forward fails in the backward (docs/perf_notes.md, training max N). CPU: the default (a
-    quarter of the pair shard). A plain int: it has a minimum of its own, so it never carries
-    the ``rows_per_chunk`` floor."""
-    if _override_bytes is not None or _lean or not pair.is_cuda:
+    the size of ``pair``), with the same size term as ``budget_bytes``, rounded down to one of
+    ``_TRAINING_BUDGET_STEPS`` steps of that term. Without the room the budget is 40 % of a free
+    memory that the backward then fills, and a step that fits in the forward fails in the
+    backward (docs/perf_notes.md, training max N). Lean (CUDA): ``_LEAN_TRAINING_PAIRS`` pair
+    shards, at most the size term, or the lean term if larger. CPU: the default (a quarter of
+    the pair shard). A plain int: it has a minimum of its own, so it never carries the
+    ``rows_per_chunk`` floor."""
+    if _override_bytes is not None or not pair.is_cuda:
         return budget_bytes(pair)
     free_b, capacity_b = _cuda_free_bytes(pair.device)
     pair_b = pair.numel() * pair.element_size()
+    term_b = _cuda_size_term(pair_b, capacity_b)
+    if _lean:
+        return max(budget_bytes(pair), min(_LEAN_TRAINING_PAIRS * pair_b, term_b))
     room_b = free_b - BACKWARD_PAIRS * pair_b
-    budget_b = min(int(room_b * _CUDA_FREE_FRACTION), _cuda_size_term(pair_b, capacity_b))
+    budget_b = min(int(room_b * _CUDA_FREE_FRACTION), term_b)
+    step_b = term_b // _TRAINING_BUDGET_STEPS
+    budget_b = budget_b // step_b * step_b if budget_b >= step_b else pow2_floor(max(budget_b, 0))
     return max(budget_b, _MIN_TRAINING_BUDGET_BYTES)
 
 
