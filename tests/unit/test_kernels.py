@@ -3,6 +3,7 @@ ops a step ran, and what counts as compile time. The kernels themselves are pari
 ``tests/distributed/test_kernels_parity.py`` (CPU) and ``scripts/kernel_parity.py`` (GPU)."""
 
 import inspect
+import shutil
 import sys
 
 import pytest
@@ -37,9 +38,34 @@ def test_compile_time_counts_the_lazy_backward_compiles(monkeypatch):
     with monkeypatch.context() as no_dynamo:
         no_dynamo.delitem(sys.modules, "torch._dynamo.utils")
         assert kernels.compile_seconds() == 2.0  # nothing compiled: dynamo's metrics are not read
+    monkeypatch.setitem(compilation_time_metrics, kernels.FORWARD_COMPILE_METRIC, [1.0])
     monkeypatch.setitem(compilation_time_metrics, kernels.BACKWARD_COMPILE_METRIC, [1.5, 0.25])
-    assert kernels.backward_compile_seconds() == pytest.approx(1.75)
-    assert kernels.compile_seconds() == pytest.approx(3.75)
+    assert kernels.compile_metric_seconds(kernels.BACKWARD_COMPILE_METRIC) == pytest.approx(1.75)
+    assert kernels.compile_seconds() == pytest.approx(3.75)  # the first calls' 2 s: more than the metric's 1 s
+    monkeypatch.setitem(compilation_time_metrics, kernels.FORWARD_COMPILE_METRIC, [1.0, 2.0])
+    assert kernels.compile_seconds() == pytest.approx(4.75)  # a recompile outside the first calls
+
+
+@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
+                    reason="inductor's CPU backend needs a C++ compiler")
+def test_compile_time_counts_a_recompile_of_a_seen_shape():
+    """A guard that fails on a shape already seen (here autograd off, then an input that needs no
+    gradient) recompiles inside what would be a timed step: ``compile_seconds`` counts it, and the
+    metric it reads is the one dynamo records (real compiles on the CPU)."""
+    torch._dynamo.reset()
+
+    def norm_project(x, w):
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],)) @ w
+
+    fn = torch.compile(norm_project, dynamic=False)
+    x, w = torch.randn(16, 8, requires_grad=True), torch.randn(8, 4, requires_grad=True)
+    fn(x, w).sum().backward()
+    first = kernels.compile_seconds()
+    assert first > 0.0 and kernels.compile_metric_seconds(kernels.FORWARD_COMPILE_METRIC) > 0.0
+    with torch.no_grad():
+        fn(x, w)
+    fn(x.detach(), w)
+    assert kernels.compile_seconds() > first
 
 
 def test_the_backward_compile_metric_is_the_one_inductor_records():
