@@ -189,15 +189,16 @@ BACKWARD_PAIRS = 8
 _MIN_TRAINING_BUDGET_BYTES = 64 << 20
 # A training budget is rounded down to a multiple of an eighth of its size term (a power of two
 # below that), so the 64 blocks of a step, each reading free memory as the saved block inputs
-# pile up, see a handful of budgets, not 64: the compiled training path compiles once per chunk
-# shape, and near the limit a new budget per block meant a new shape, and a compile, per block.
+# pile up, see a handful of budgets, not up to 64: the compiled training path compiles once per
+# chunk shape, and near the limit every block could read a new budget, so a new shape to compile.
 _TRAINING_BUDGET_STEPS = 8
 # Lean training budgets: this many pair shards (at most the normal size term), or the lean term
 # if larger. A lean budget of a hundredth of the device made the training ops crawl (the triangle
 # multiplication's channel chunk leaves two pair shards aside: below that it ran 128 one-channel
-# chunks, each re-reading z; a 2-block step at N=2,048 took 5.3 s compiled against 1.3 s, over 25 s
-# eager against 4.0 s on one H200, docs/perf_notes.md, "Thirteenth session"), and a budget of a few
-# pair shards is what the op gets near the max N, where the normal budget is 40 % of a small room.
+# chunks, each re-reading z; a 2-block step at N=2,048 took 5.3 s compiled against 1.3 s, and eager
+# four such steps did not finish in 110 s against 4.0 s each, on one H200; docs/perf_notes.md,
+# "Thirteenth session"); a budget of a few pair shards is about what the op gets near the max N,
+# where the normal budget is 40 % of a small room.
 _LEAN_TRAINING_PAIRS = 4
 
 
