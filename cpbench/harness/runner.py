@@ -209,11 +209,19 @@ def progress_text(progress: dict) -> str:
 
 
 def _log_tail(work_dir: Path, rank: int) -> str:
+    """What a rank's log says of its end: the last line, or for a native crash (faulthandler's
+    ``Fatal Python error: ...``, worker.main) that line and the innermost frame of the crashing
+    thread's stack, which faulthandler prints most recent call first."""
     try:
-        lines = [ln for ln in (work_dir / f"rank{rank}.log").read_text(errors="replace").splitlines() if ln.strip()]
+        lines = [ln.strip() for ln in (work_dir / f"rank{rank}.log").read_text(errors="replace").splitlines()
+                 if ln.strip()]
     except OSError:
         return ""
-    return f" ({lines[-1].strip()[:300]})" if lines else ""
+    fatal = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].startswith("Fatal Python error:")), None)
+    if fatal is not None:
+        frame = next((ln for ln in lines[fatal + 1:] if ln.startswith("File ")), None)
+        return f" ({lines[fatal][:200]}{'; in ' + frame[:200] if frame else ''})"
+    return f" ({lines[-1][:300]})" if lines else ""
 
 
 def _is_peer_echo(message: str) -> bool:

@@ -19,6 +19,7 @@ far), which the runner reads when the point times out: how far a too-slow point 
 from __future__ import annotations
 
 import datetime as _dt
+import faulthandler
 import json
 import os
 import sys
@@ -146,6 +147,10 @@ def die_with_parent() -> None:
 
 def main(argv: list[str]) -> None:
     die_with_parent()
+    # A native crash (a segmentation fault in a library under the CPU cap, an abort) leaves no
+    # rank<R>.json: faulthandler writes its Python stack to this rank's log, which the runner
+    # quotes (runner._log_tail) so the point's message says where the rank died.
+    faulthandler.enable()
     spec_path, rank, device_index = argv[0], int(argv[1]), int(argv[2])
     spec = json.loads(Path(spec_path).read_text())
     started = time.time()

@@ -57,6 +57,16 @@ def test_oom_on_rank_1_is_the_cause_even_when_rank_0_errors_in_its_collective():
     assert result.ranks[0]["status"] != "ok"  # it never completed the all-reduce
 
 
+def test_a_crashed_rank_is_an_error_that_says_where_it_died():
+    """A native crash leaves no report: the point is an error whose message quotes faulthandler's
+    line and the innermost frame of the crashing rank (here the test adapter's ``_fail``)."""
+    point, runner = fault_runner("segfault")
+    result = runner.run(PointRun(N=64, n_atoms=512, S=4, timeout_s=POINT_TIMEOUT_S))
+    assert result.status == "error" and result.message.startswith("rank 1:"), result.message
+    assert "exited with code -11" in result.message and "Segmentation fault" in result.message, result.message
+    assert "faults.py" in result.message and "_fail" in result.message, result.message
+
+
 def test_a_timed_out_timing_point_says_how_far_it_got():
     """Rank 1 finishes two steps, then hangs: the timeout verdict reports those two steps."""
     point, runner = fault_runner("hang_later")

@@ -2,7 +2,8 @@
 
 ``model=adapter model._target_=tests.helpers.faults.FaultAdapter +model.fault=oom
 +model.threshold_n=48``: at N > threshold_n, rank 1 raises ``torch.cuda.OutOfMemoryError``
-(``oom``), sleeps for ever (``hang``) or exits with code 3 without a word (``exit``), while
+(``oom``), sleeps for ever (``hang``), exits with code 3 without a word (``exit``) or dies of a
+segmentation fault (``segfault``: a native crash, as a library can under the CPU cap), while
 rank 0 has entered the step's all-reduce; ``hang_later`` completes two steps, then hangs like
 ``hang`` (a point too slow for its timeout). At N <= threshold_n every rank completes.
 """
@@ -10,13 +11,14 @@ rank 0 has entered the step's all-reduce; ``hang_later`` completes two steps, th
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-FAULTS = ("oom", "hang", "hang_later", "exit", "none")
+FAULTS = ("oom", "hang", "hang_later", "exit", "segfault", "none")
 
 
 class FaultAdapter:
@@ -52,6 +54,8 @@ class FaultAdapter:
                 time.sleep(60)
         if self.fault == "exit":
             os._exit(3)
+        if self.fault == "segfault":
+            os.kill(os.getpid(), signal.SIGSEGV)
 
 
 class GrowingAdapter:
