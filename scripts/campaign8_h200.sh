@@ -30,7 +30,10 @@
 #             started machine first copies RESUME=<the previous call's h19 folder, carried in the
 #             tree> there. Finished points are skipped (resume=true), the probe continues from its
 #             probe_state.json, and its lock (older than the new run) is taken over. The folder is
-#             copied to $OUT/h19 at the end of the call.
+#             copied to $OUT/h19 at the end of the call. Resume from the commit that made the
+#             folder (a point's and a probe's signatures hash cpbench's sources: another commit
+#             starts afresh); the thirteenth session's folder, docs/benchmarks/2026-12-02-h200-g/
+#             call-h2/h19, was made by a9aacd9.
 # CALL tprof: where a training step's time goes (scripts/training_profile.py): the boltz2 trunk
 #             with 2 blocks, cp=1, one step per variant in its own process: eager at N=1,024 and
 #             2,048, eager lean at 2,048, block-only checkpointing at 2,048, compiled (flex,
