@@ -19,7 +19,8 @@
 #             attention's chunk estimate for flex), then one full (non-lean) probe point at
 #             N=2,560, the cp=1 max N of the eager path (max N not worse).
 # CALL tleant: the same lean training points at N=1,024 and 2,048 on the eager training path
-#             (model.compile_training=false, the default), for what is left of the call.
+#             (model.compile_training=false; the default until the thirteenth session), for what
+#             is left of the call.
 # CALL samp:  #17, inference with sampling (boltz2 defaults) at N=2,048, cp=1, the full timing
 #             contract (3 warmup + 5 repeats), kernels=auto, for what is left of the call.
 # CALL h19:   #19, the headline command as typed on one GPU, `-m workflow=training cp=1,2,4,8

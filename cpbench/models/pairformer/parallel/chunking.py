@@ -218,7 +218,8 @@ def training_budget_bytes(pair: torch.Tensor) -> int:
     pair_b = pair.numel() * pair.element_size()
     term_b = _cuda_size_term(pair_b, capacity_b)
     if _lean:
-        return max(budget_bytes(pair), min(_LEAN_TRAINING_PAIRS * pair_b, term_b))
+        lean_b = _cuda_size_term(pair_b, capacity_b, _LEAN_PAIR_FRACTION, _LEAN_DEVICE_FRACTION)
+        return max(lean_b, min(_LEAN_TRAINING_PAIRS * pair_b, term_b))
     room_b = free_b - BACKWARD_PAIRS * pair_b
     budget_b = min(int(room_b * _CUDA_FREE_FRACTION), term_b)
     step_b = term_b // _TRAINING_BUDGET_STEPS
