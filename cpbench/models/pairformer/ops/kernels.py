@@ -31,7 +31,8 @@ static-shape path passes ``scripts/kernel_parity.py`` on one H200 (fp32 worst pa
 against 4.02 s eager (``scripts/training_profile.py``; the eager step spends 58 % of its kernel
 time in the memory-efficient SDPA kernels, forward and backward, which the expanded bias's
 gradient forces), so it is the default since the thirteenth session. Each new N compiles anew
-(a probe point is one step in a fresh process: about 25 s of compilation at N=2,048), and the
+(a probe point is one step in a fresh process: 51.4 s of compilation in the headline sweep's
+lean training point at N=2,048; 23.5 s for a 2-block step there), and the
 training chunk budgets take a handful of values (``chunking.training_budget_bytes``) so a step
 compiles a handful of chunk shapes. On a CPU flex has no backward, so CPU training always runs
 the ``torch`` path.
