@@ -50,7 +50,7 @@ def test_a_probe_stopped_by_its_limits_continues_under_larger_ones(tmp_path):
     assert len(record["points"]) > 2 and record["first_fail_status"] == "oom" and record["lower_bound"] is None
 
 
-def test_the_reference_trunk_gets_the_same_max_n_from_predict_as_from_bisect_in_fewer_points(tmp_path):
+def test_the_reference_trunk_gets_the_same_max_n_from_predict_as_from_bisect_in_fewer_points(tmp_path, monkeypatch):
     """#18 on the CPU: the tiny reference trunk (trunk only, c_z=128 so that the pair tensors
     dominate the resident-set peak) under a 0.4 GiB cap, probed from N=256 with growth 1.5 by
     both strategies. Predict fits its three ramp points and brackets the limit; its max N is
@@ -58,7 +58,15 @@ def test_the_reference_trunk_gets_the_same_max_n_from_predict_as_from_bisect_in_
     moved by 50-80 tokens from run to run, more than a 64-token granularity: the cap counts the
     process's data segment, and a few MiB of allocator noise is many tokens where the peak grows
     slowly with N; under 0.25 GiB from N=192 the fit's residual, up to 6 %, sometimes missed the
-    tight bracket, and predict then ran as many points as bisect.)"""
+    tight bracket, and predict then ran as many points as bisect.)
+
+    The workers run with glibc's mmap threshold fixed (``MALLOC_MMAP_THRESHOLD_``): by default
+    glibc raises it to the size of each large block freed, so later tensors of that size come
+    from the heap, whose fragments stay in the data segment the cap counts, in an order that
+    depends on thread timing. Without it this test once saw predict end at 680 (out of memory
+    at 744) and bisect at 756 (a fit above predict's failure); with it two runs of each strategy
+    ended at 791-792 (out of memory at 828-856)."""
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")  # inherited by the supervisor and its workers
     base = ["routine=probe", "device=cpu", "model=tiny", "model.c_z=128", "cp=1", "S=8", "atoms_per_token=2",
             "model.msa_blocks=0", "workflow.sampling=false", "workflow.recycles=0", "memory.limit_gib=0.4",
             "probe.start=256", "probe.growth=1.5", "probe.granularity=64", "probe.verify=false", "probe.timeout_s=120"]
