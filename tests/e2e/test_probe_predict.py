@@ -52,8 +52,8 @@ def test_a_probe_stopped_by_its_limits_continues_under_larger_ones(tmp_path):
 
 def test_the_reference_trunk_gets_the_same_max_n_from_predict_as_from_bisect_in_fewer_points(tmp_path, monkeypatch):
     """#18 on the CPU: the tiny reference trunk (trunk only, c_z=128 so that the pair tensors
-    dominate the resident-set peak) under a 0.4 GiB cap, probed from N=256 with growth 1.5 by
-    both strategies. Predict fits its three ramp points and brackets the limit; its max N is
+    dominate the resident-set peak) under a 0.2 GiB cap, probed from N=192 with growth 1.5 by
+    both strategies, granularity 32. Predict fits its three ramp points and brackets the limit; its max N is
     bisect's within the granularity, in fewer points. (With c_z=16 under 0.125 GiB the limit
     moved by 50-80 tokens from run to run, more than a 64-token granularity: the cap counts the
     process's data segment, and a few MiB of allocator noise is many tokens where the peak grows
@@ -63,13 +63,15 @@ def test_the_reference_trunk_gets_the_same_max_n_from_predict_as_from_bisect_in_
     The workers run with glibc's mmap threshold fixed (``MALLOC_MMAP_THRESHOLD_``): by default
     glibc raises it to the size of each large block freed, so later tensors of that size come
     from the heap, whose fragments stay in the data segment the cap counts, in an order that
-    depends on thread timing. Without it this test once saw predict end at 680 (out of memory
-    at 744) and bisect at 756 (a fit above predict's failure); with it two runs of each strategy
-    ended at 791-792 (out of memory at 828-856)."""
+    depends on thread timing. Without it this test (then under 0.4 GiB from N=256, granularity
+    64) once saw predict end at 680 (out of memory at 744) and bisect at 756 (a fit above
+    predict's failure); with it two runs of each strategy ended at 791-792 (out of memory at
+    828-856), and under today's 0.2 GiB three runs of each ended at 486 (bisect, out of memory
+    at 513) and 499-501 (predict, out of memory at 531-533)."""
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")  # inherited by the supervisor and its workers
     base = ["routine=probe", "device=cpu", "model=tiny", "model.c_z=128", "cp=1", "S=8", "atoms_per_token=2",
-            "model.msa_blocks=0", "workflow.sampling=false", "workflow.recycles=0", "memory.limit_gib=0.4",
-            "probe.start=256", "probe.growth=1.5", "probe.granularity=64", "probe.verify=false", "probe.timeout_s=120"]
+            "model.msa_blocks=0", "workflow.sampling=false", "workflow.recycles=0", "memory.limit_gib=0.2",
+            "probe.start=192", "probe.growth=1.5", "probe.granularity=32", "probe.verify=false", "probe.timeout_s=120"]
     records = {}
     for strategy in ("bisect", "predict"):
         proc = run_cpbench([*base, f"probe.strategy={strategy}", f"hydra.run.dir={strategy}"], cwd=tmp_path,
@@ -77,9 +79,9 @@ def test_the_reference_trunk_gets_the_same_max_n_from_predict_as_from_bisect_in_
         assert proc.returncode == 0, proc.stderr[-3000:]
         records[strategy] = record = json.loads((tmp_path / strategy / "result.json").read_text())
         assert record["status"] == "ok" and record["first_fail_status"] == "oom", record["message"]
-        assert record["first_fail_n"] - record["max_n"] <= 64 and record["timed_out_n"] == []
+        assert record["first_fail_n"] - record["max_n"] <= 32 and record["timed_out_n"] == []
     bisect, predict = records["bisect"], records["predict"]
     tried = {name: [p["N"] for p in rec["points"]] for name, rec in records.items()}
     assert predict["strategy"] == "predict" and predict["prediction"]["fallback"] is None
-    assert abs(predict["max_n"] - bisect["max_n"]) <= 64, (predict["max_n"], bisect["max_n"], tried)
+    assert abs(predict["max_n"] - bisect["max_n"]) <= 32, (predict["max_n"], bisect["max_n"], tried)
     assert len(predict["points"]) < len(bisect["points"]), tried
