@@ -259,7 +259,7 @@ def _failure(entry: dict, state: SlurmState, message: str) -> JobReturn:
     fields.update(_probe_progress(Path(entry["output_dir"])))
     cfg = OmegaConf.create(entry["config"])
     if cfg.get("device") == "auto":
-        cfg.device = "cuda" if entry["cluster_gpus_per_node"] else "cpu"  # what the job would have resolved
+        cfg.device = "cuda" if entry["gpus_per_node"] else "cpu"  # what the job would have resolved: GPUs if it asked
     ctx = JobContext(Path(entry["output_dir"]), True, entry["num"], overrides=entry["task_overrides"],
                      started_s=entry["submitted_at"])
     record = write_unreported(cfg, STATUS_OF_STATE.get(state.state, "error"), text, fields, ctx)

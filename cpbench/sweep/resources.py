@@ -4,13 +4,20 @@
     cp=8, gpus_per_node=4  ->  2 nodes, 4 tasks per node, 4 GPUs per node
     cp=2, gpus_per_node=0  ->  1 node,  2 tasks, no GPU request (a CPU cluster; gloo)
 
-Points that need the same resources share one SLURM job array.
+Points that need the same resources share one SLURM job array. A point with ``device=auto``
+asks for no GPU where the partition has none (``partition_has_gpus``, from ``sinfo``): a cluster
+without GPU GRES refuses any GPU request.
 """
 
 from __future__ import annotations
 
 import math
+import re
+import subprocess
 from dataclasses import dataclass
+
+# A GPU in sinfo's GRES column (%G): "gpu:8", "gpu:h200:8(S:0-1)", "gpu" within "nvme:1,gpu:4".
+_GPU_GRES = re.compile(r"(?:^|,)gpu(?:[:(]|$)")
 
 
 @dataclass(frozen=True)
@@ -61,3 +68,20 @@ def resources_for(cp: int, gpus_per_node: int) -> JobResources:
     ntasks = cp if nodes * tasks_per_node != cp else None
     return JobResources(cp=cp, nodes=nodes, tasks_per_node=tasks_per_node,
                         gpus_per_node=tasks_per_node, ntasks=ntasks)
+
+
+def partition_has_gpus(partition: str | None) -> bool | None:
+    """Whether a node of ``partition`` (None: the cluster's default partition, the one ``sinfo``
+    marks with ``*``) offers GPUs as generic resources, read from ``sinfo -h -o "%P %G"``.
+    None when ``sinfo`` cannot answer (no SLURM here, an unknown partition): then the caller
+    keeps what ``hydra.launcher.gpus_per_node`` says."""
+    cmd = ["sinfo", "-h", "-o", "%P %G"] + (["-p", partition] if partition else [])
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    gres = [fields[1] for fields in (line.split(None, 1) for line in out.stdout.splitlines())
+            if len(fields) == 2 and (partition or fields[0].endswith("*"))]
+    return any(_GPU_GRES.search(g.strip()) for g in gres) if gres else None

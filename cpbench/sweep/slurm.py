@@ -21,6 +21,7 @@ the resubmitted point continue where it stopped.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -34,7 +35,7 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, filter_overrides, run_job, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from cpbench.sweep.resources import JobResources, resources_for
+from cpbench.sweep.resources import JobResources, partition_has_gpus, resources_for
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 
@@ -139,14 +140,26 @@ class GroupedSlurmLauncher(BaseSubmititLauncher):
                 f"hydra.launcher.gpus_per_node={value}: 0 (CPU cluster) or the GPUs of one node")
         return value
 
+    @functools.cached_property
+    def _partition_gpus(self) -> bool | None:
+        """``partition_has_gpus`` for the launcher's partition, asked once per launcher."""
+        partition = self.params.get("partition")
+        has_gpus = partition_has_gpus(partition)
+        if has_gpus is False:
+            log.info("cpbench: partition %s has no GPU (sinfo): device=auto points run on the CPU and ask for "
+                     "no GPU", partition or "(default)")
+        return has_gpus
+
     def _plan(self, overrides: list[str], idx: int) -> PlannedJob:
         assert self.config is not None and self.hydra_context is not None
         loader = self.hydra_context.config_loader
         config = loader.load_sweep_config(self.config, overrides)
-        # A point that runs on the CPU asks for no GPU: device=cpu (device=auto on a cluster of
-        # gpus_per_node=0 already does); a CPU-only cluster refuses any GPU request ("Invalid
+        # A point that runs on the CPU asks for no GPU: device=cpu, or device=auto where the
+        # partition has no GPU (sinfo); a CPU-only cluster refuses any GPU request ("Invalid
         # generic resource (gres) specification").
-        gpus_per_node = 0 if config.get("device") == "cpu" else self._gpus_per_node()
+        device = config.get("device")
+        on_cpu = device == "cpu" or (device == "auto" and self._partition_gpus is False)
+        gpus_per_node = 0 if on_cpu else self._gpus_per_node()
         cp = config.get("cp")
         if cp == "auto":
             from cpbench.config import AUTO_CP_ON_CPU

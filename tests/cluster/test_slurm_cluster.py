@@ -58,10 +58,10 @@ def code_snapshot(tmp_path_factory) -> Path:
     return root
 
 
-def _cpbench(args: list[str], cwd: Path, code: Path) -> subprocess.Popen:
-    """``python -m cpbench -m <slurm launcher> ARGS`` in ``cwd``, running the code in ``code``."""
+def _cpbench(args: list[str], cwd: Path, code: Path, launcher: list[str] = LAUNCHER) -> subprocess.Popen:
+    """``python -m cpbench -m <launcher> ARGS`` in ``cwd``, running the code in ``code``."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.Popen([sys.executable, "-m", "cpbench", "-m", *LAUNCHER, *args], cwd=cwd,
+    return subprocess.Popen([sys.executable, "-m", "cpbench", "-m", *launcher, *args], cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 

@@ -29,10 +29,12 @@ echo "Submitted batch job $n"
 
 
 def _fake_slurm_bin(tmp_path: Path) -> tuple[Path, Path]:
+    """A fake sbatch (keeps scripts), srun and sinfo (a GPU partition: device=auto points ask for GPUs)."""
     bin_dir, scripts = tmp_path / "bin", tmp_path / "submitted"
     bin_dir.mkdir()
     scripts.mkdir()
-    for name, text in {"sbatch": FAKE_SBATCH, "srun": "#!/bin/sh\nexit 1\n"}.items():
+    for name, text in {"sbatch": FAKE_SBATCH, "srun": "#!/bin/sh\nexit 1\n",
+                       "sinfo": "#!/bin/sh\necho 'gpu* gpu:8'\n"}.items():
         path = bin_dir / name
         path.write_text(text)
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
