@@ -65,7 +65,7 @@ class Submitted:
         return self.slurm_job.job_id
 
 
-def submitted(job, slurm_job, submitted_at: float, gpus_per_node: int) -> Submitted:
+def submitted(job, slurm_job, submitted_at: float) -> Submitted:
     """Pair a planned job with its submitit handle and describe both for the manifest."""
     sub = getattr(slurm_job, "_sub_jobs", None)
     paths = (sub[0] if sub else slurm_job).paths  # task 0's stdout, stderr, result pickle
@@ -73,7 +73,7 @@ def submitted(job, slurm_job, submitted_at: float, gpus_per_node: int) -> Submit
     entry = {
         "num": job.idx, "slurm_job_id": slurm_job.job_id, "overrides": job.overrides,
         "cp": r.cp, "nodes": r.nodes, "tasks_per_node": r.tasks_per_node, "gpus_per_node": r.gpus_per_node,
-        "cluster_gpus_per_node": gpus_per_node, "output_dir": str(job.out_dir),
+        "output_dir": str(job.out_dir),
         "stdout": str(paths.stdout), "stderr": str(paths.stderr), "result_pickle": str(paths.result_pickle),
         "submitted_at": submitted_at,
         "task_overrides": list(OmegaConf.to_container(job.config.hydra.overrides.task)),

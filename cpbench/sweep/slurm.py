@@ -225,8 +225,7 @@ class GroupedSlurmLauncher(BaseSubmititLauncher):
                 log.error("cpbench: sbatch refused %d job(s) (cp=%d): %s", len(jobs), resources.cp, reason)
                 refused.update({job.idx: refused_return(job, reason, submitted_at) for job in jobs})
                 continue
-            submitted += [describe_submitted(job, sj, submitted_at, self._gpus_per_node())
-                          for job, sj in zip(jobs, slurm_jobs)]
+            submitted += [describe_submitted(job, sj, submitted_at) for job, sj in zip(jobs, slurm_jobs)]
         return sorted(submitted, key=lambda s: s.job.idx), refused
 
     # ------------------------------------------------------------------ node side

@@ -177,7 +177,7 @@ def test_job_killed_at_time_limit_becomes_timeout_row_with_its_measured_points(t
         {"N": 1024, "fits": False, "status": "oom", "message": "CUDA out of memory", "seconds": 7.0, "order": 1}]}))
     cfg = compose_cfg("cp=2", "device=cpu", "routine=probe", *fault_model("none"))
     entry = {"num": 3, "slurm_job_id": "77_3", "overrides": ["cp=2"], "task_overrides": ["cp=2", "routine=probe"],
-             "config": OmegaConf.to_container(cfg, resolve=True), "cluster_gpus_per_node": 0,
+             "config": OmegaConf.to_container(cfg, resolve=True), "gpus_per_node": 0,
              "output_dir": str(out_dir), "stdout": "o.log", "stderr": "e.log",
              "result_pickle": str(tmp_path / "none.pkl"), "submitted_at": 0.0}
 
