@@ -1,14 +1,11 @@
 """#19: a point that runs on the CPU asks SLURM for no GPU, whatever the cluster's gpus_per_node
 (a CPU-only cluster refuses any GPU request: "Invalid generic resource (gres) specification"):
 device=cpu, or device=auto where ``sinfo`` shows no GPU in the partition. A fake ``sbatch`` first
-on PATH keeps every submitted script (as in test_slurm_launcher.py), a fake ``sinfo`` says what
-the partitions hold."""
+on PATH keeps every submitted script (``helpers/fake_slurm.py``), a fake ``sinfo``
+says what the partitions hold."""
 
 from __future__ import annotations
 
-import os
-import re
-import stat
 import subprocess
 import sys
 
@@ -16,34 +13,24 @@ import pytest
 
 from cpbench.sweep.resources import partition_has_gpus
 
+from helpers.fake_slurm import fake_slurm_bin, fake_slurm_env, sbatch_flags
 from helpers.run import fault_model
-
-FAKE_SBATCH = """#!/usr/bin/env bash
-n=$(( $(ls "$FAKE_SBATCH_DIR" | wc -l) + 100 ))
-cp "$1" "$FAKE_SBATCH_DIR/$n.sh"
-echo "Submitted batch job $n"
-"""
 
 
 def _fake_slurm(tmp_path, sinfo_lines: str) -> tuple[dict, object]:
-    bin_dir, scripts = tmp_path / "bin", tmp_path / "submitted"
-    bin_dir.mkdir()
-    scripts.mkdir()
-    sinfo = f"#!/bin/sh\nprintf '{sinfo_lines}\\n'\n"
-    for name, text in {"sbatch": FAKE_SBATCH, "srun": "#!/bin/sh\nexit 1\n", "sinfo": sinfo}.items():
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IEXEC)
-    return dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", FAKE_SBATCH_DIR=str(scripts)), scripts
+    bin_dir, scripts = fake_slurm_bin(tmp_path, sinfo_lines)
+    return fake_slurm_env(bin_dir, scripts), scripts
 
 
-def _asked(scripts) -> dict[int, tuple[int, int, int]]:
-    """cp -> (nodes, tasks per node, GPUs per node) of every submitted script."""
+def _asked(scripts) -> dict[int, tuple[int, int, int | None]]:
+    """cp -> (nodes, tasks per node, GPUs per node: None where the script has no --gpus-per-node)."""
     asked = {}
     for path in sorted(scripts.glob("*.sh")):
-        flags = dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(\S+))?$", path.read_text(), flags=re.M))
+        flags = sbatch_flags(path.read_text())
         assert "gres" not in flags, flags
+        gpus = flags.get("gpus-per-node")
         asked[int(flags["job-name"].rsplit("_cp", 1)[1])] = (
-            int(flags["nodes"]), int(flags["ntasks-per-node"]), int(flags.get("gpus-per-node", 0)))
+            int(flags["nodes"]), int(flags["ntasks-per-node"]), None if gpus is None else int(gpus))
     return asked
 
 
@@ -55,11 +42,11 @@ def test_device_cpu_points_ask_for_no_gpu(tmp_path):
          "report.out=null"],  # the launcher's default gpus_per_node (8) is not passed as 0
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert _asked(scripts) == {1: (1, 1, 0), 2: (1, 2, 0)}  # cp=auto on a CPU is 2 ranks: it shares cp=2's array
+    assert _asked(scripts) == {1: (1, 1, None), 2: (1, 2, None)}  # cp=auto on a CPU is 2 ranks: it shares cp=2's array
 
 
 @pytest.mark.parametrize("sinfo, expected", [
-    ("debug* (null)\ngpu gpu:h200:8(S:0-1)", {1: (1, 1, 0), 2: (1, 2, 0)}),  # the default partition has none
+    ("debug* (null)\ngpu gpu:h200:8(S:0-1)", {1: (1, 1, None), 2: (1, 2, None)}),  # the default partition has none
     ("debug (null)\ngpu* gpu:h200:8(S:0-1)", {1: (1, 1, 1), 2: (1, 2, 2)}),
 ], ids=["cpu_partition", "gpu_partition"])
 def test_device_auto_points_ask_for_gpus_only_where_the_partition_has_them(tmp_path, sinfo, expected):

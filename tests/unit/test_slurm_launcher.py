@@ -10,45 +10,20 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 import subprocess
 import sys
-from pathlib import Path
 
 from cpbench.sweep.resources import JobResources, resources_for
 from cpbench.sweep.slurm_state import StateReader
 
+from helpers.fake_slurm import FAKE_SBATCH, fake_slurm_bin, fake_slurm_env, sbatch_flags
 from helpers.run import REPO_ROOT, fault_model
-
-FAKE_SBATCH = """#!/usr/bin/env bash
-# Keeps the submitted script and answers like sbatch.
-n=$(( $(ls "$FAKE_SBATCH_DIR" | wc -l) + 100 ))
-cp "$1" "$FAKE_SBATCH_DIR/$n.sh"
-echo "Submitted batch job $n"
-"""
-
-
-def _fake_slurm_bin(tmp_path: Path) -> tuple[Path, Path]:
-    """A fake sbatch (keeps scripts), srun and sinfo (a GPU partition: device=auto points ask for GPUs)."""
-    bin_dir, scripts = tmp_path / "bin", tmp_path / "submitted"
-    bin_dir.mkdir()
-    scripts.mkdir()
-    for name, text in {"sbatch": FAKE_SBATCH, "srun": "#!/bin/sh\nexit 1\n",
-                       "sinfo": "#!/bin/sh\necho 'gpu* gpu:8'\n"}.items():
-        path = bin_dir / name
-        path.write_text(text)
-        path.chmod(path.stat().st_mode | stat.S_IEXEC)
-    return bin_dir, scripts
-
-
-def _sbatch_flags(script: str) -> dict[str, str]:
-    return dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(\S+))?$", script, flags=re.M))
 
 
 def test_sbatch_scripts_ask_for_one_task_per_rank_and_gpus_per_node(tmp_path):
-    bin_dir, scripts = _fake_slurm_bin(tmp_path)
+    bin_dir, scripts = fake_slurm_bin(tmp_path)
     sweep_dir, report_out = tmp_path / "sweep", tmp_path / "docs" / "cp_benchmark.md"
-    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", FAKE_SBATCH_DIR=str(scripts))
+    env = fake_slurm_env(bin_dir, scripts)
     proc = subprocess.run(
         [sys.executable, "-m", "cpbench", "-m", "hydra/launcher=slurm", "cp=2,4,8", "routine=probe", "N=64",
          *fault_model("none"), "hydra.launcher.gpus_per_node=4", "hydra.launcher.wait=false",
@@ -61,7 +36,7 @@ def test_sbatch_scripts_ask_for_one_task_per_rank_and_gpus_per_node(tmp_path):
     asked = {}
     for path in sorted(scripts.glob("*.sh")):
         text = path.read_text()
-        flags = _sbatch_flags(text)
+        flags = sbatch_flags(text)
         cp = int(flags["job-name"].rsplit("_cp", 1)[1])
         asked[cp] = (int(flags["nodes"]), int(flags["ntasks-per-node"]), int(flags["gpus-per-node"]))
         # The user's settings reach sbatch; srun starts one process (rank slot) per task.
@@ -126,8 +101,8 @@ def test_launcher_is_found_by_hydra_plugin_discovery():
 
 def test_derived_resources_cannot_be_overridden(tmp_path):
     key = "nodes"
-    bin_dir, scripts = _fake_slurm_bin(tmp_path)
-    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", FAKE_SBATCH_DIR=str(scripts))
+    bin_dir, scripts = fake_slurm_bin(tmp_path)
+    env = fake_slurm_env(bin_dir, scripts)
     proc = subprocess.run(
         [sys.executable, "-m", "cpbench", "-m", "hydra/launcher=slurm", "cp=2", *fault_model("none"),
          f"+hydra.launcher.{key}=3", "hydra.launcher.wait=false", f"hydra.sweep.dir={tmp_path / 'sweep'}",
@@ -140,7 +115,7 @@ def test_derived_resources_cannot_be_overridden(tmp_path):
 
 
 def test_points_sbatch_refuses_become_rows_and_the_others_are_submitted(tmp_path):
-    bin_dir, scripts = _fake_slurm_bin(tmp_path)
+    bin_dir, scripts = fake_slurm_bin(tmp_path)
     # This fake cluster refuses any job asking for more than 4 tasks per node.
     (bin_dir / "sbatch").write_text(
         "#!/usr/bin/env bash\n"
@@ -148,7 +123,7 @@ def test_points_sbatch_refuses_become_rows_and_the_others_are_submitted(tmp_path
         "  echo 'sbatch: error: Batch job submission failed: Requested node configuration is not available' >&2\n"
         "  exit 1\nfi\n" + FAKE_SBATCH.split("\n", 1)[1])
     sweep_dir = tmp_path / "sweep"
-    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", FAKE_SBATCH_DIR=str(scripts))
+    env = fake_slurm_env(bin_dir, scripts)
     proc = subprocess.run(
         [sys.executable, "-m", "cpbench", "-m", "hydra/launcher=slurm", "cp=4,8", "routine=timing", "N=64",
          *fault_model("none"), "hydra.launcher.gpus_per_node=8", "hydra.launcher.wait=false",
