@@ -13,7 +13,9 @@
 #             compiled training path, and kernels=torch, each for what is left of its call. The
 #             pair (about 670 s) does not fit one call: run them as two calls back to back on the
 #             warm machine for the ratio.
-# CALL fit:   #17, max N not worse with kernels=torch: one trunk-only probe point at N=16,000.
+# CALL fit:   #17, max N not worse with kernels=torch: one trunk-only probe point at N=16,000 (the
+#             depth check at N=1,024 is the probe's first point: probe.budget_s=20 lets the second
+#             start; with budget_s=1 the fifteenth session's first try stopped after the check).
 # CALL tfit:  #17/#19, the compiled training path (model.compile_training=true): one lean probe
 #             point at N=2,048 (what the training probe's ramp runs; 335 s before the triangle
 #             attention's chunk estimate for flex), then one full (non-lean) probe point at
@@ -63,7 +65,7 @@ for CALL in $CALLS; do
     trainflex) point train1536_flex 170 $TRAIN N=1536 model.kernels=flex model.compile_training=true timing.timeout_s=$(( $(left) - 15 )) ;;
     traintorch) point train1536_torch 170 $TRAIN N=1536 model.kernels=torch timing.timeout_s=$(( $(left) - 15 )) ;;
     fit) probe fit16000_torch model=boltz2 workflow.sampling=false workflow.recycles=0 routine=probe cp=1 \
-           model.kernels=torch probe.start=16000 probe.depth=1 probe.depth_check_n=1024 probe.max_points=2 probe.budget_s=1 \
+           model.kernels=torch probe.start=16000 probe.depth=1 probe.depth_check_n=1024 probe.max_points=2 probe.budget_s=20 \
            probe.verify=false probe.timeout_s=$(( $(left) - 30 )) ;;
     tfit) probe tlean2048_compiled $TPROBE probe.start=2048 model.compile_training=true probe.timeout_s=300
           probe tfit2560_compiled $TPROBE probe.start=2560 probe.strategy=bisect model.compile_training=true \

@@ -10,17 +10,20 @@ from pathlib import Path
 import pandas as pd
 
 from cpbench.report.analysis import TIMING_POINT, ok_timing
+from cpbench.report.rows import without_training_path
 
 PARITY_GLOB = "kernel_parity*.json"
 
 
 def backend_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """The latest ok timing row per point and backend, for points measured under two backends
-    or more, with ``speedup`` = the ``torch`` row's walltime over this one's."""
+    or more, with ``speedup`` = the ``torch`` row's walltime over this one's. A compiled training
+    point (``model [model.compile_training=true]``) pairs with the same model's ``torch`` point."""
     ok = ok_timing(rows)
     if ok.empty or "kernels" not in ok or ok["kernels"].dropna().nunique() < 2:
         return pd.DataFrame()
-    ok = ok[ok["kernels"].notna()]
+    ok = ok[ok["kernels"].notna()].copy()
+    ok["model"] = ok["model"].map(lambda m: without_training_path(m) if isinstance(m, str) else m)
     order = ok.assign(_date=ok["date"].fillna("")).sort_values("_date", kind="stable")
     latest = order.drop_duplicates([*TIMING_POINT, "kernels"], keep="last").drop(columns="_date")
     several = latest.groupby(TIMING_POINT)["kernels"].transform("nunique") > 1

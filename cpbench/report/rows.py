@@ -26,6 +26,7 @@ ENERGY_COLUMN = "energy (J/step)"  # summed over ranks (energy_j_per_step_per_ra
 # Overrides that change what a model preset computes (its depth and module sizes).
 SIZE_KEYS = frozenset({"model.blocks", "model.msa_blocks", "model.atom_blocks", "model.c_s", "model.c_z",
                        "model.diffusion.blocks"})
+COMPILED_TRAINING = "model.compile_training=true"  # the label of a training point on the compiled flex path
 
 
 def model_label(rec: dict) -> str | None:
@@ -40,8 +41,17 @@ def model_label(rec: dict) -> str | None:
     model = point.get("model") or {}
     if (point.get("workflow") == "training" and model.get("compile_training") and model.get("kernels") in ("auto", "flex")
             and point.get("device") == "cuda"):  # a different training path (kernels.ran), whatever the default was
-        changed.append("model.compile_training=true")
+        changed.append(COMPILED_TRAINING)
     return f"{name} [{' '.join(changed)}]" if name and changed else name
+
+
+def without_training_path(label: str) -> str:
+    """``label`` without the compiled-training mark (``boltz2 [model.compile_training=true]`` ->
+    ``boltz2``): where the kernel backend is a column of its own, the mark only repeats it (a
+    training point that ran ``flex`` ran the compiled path, ``kernels_of``)."""
+    name, _, rest = label.partition(" [")
+    kept = [o for o in rest.rstrip("]").split() if o != COMPILED_TRAINING]
+    return f"{name} [{' '.join(kept)}]" if kept else name
 
 
 def stock_title(model: dict | None) -> str | None:

@@ -50,6 +50,23 @@ def test_backends_side_by_side_with_speedup_and_parity(tmp_path):
     assert "| flex | block | bf16 | 256 | 4.00e-03 | 3.00e-03 | 1.00e-02 (grad/x) | 0.05 | yes |" in text
 
 
+def test_compiled_training_pairs_with_the_torch_training_step(tmp_path):
+    """The compiled flex training point carries its own model label (its max N is its own) but
+    is the same training step as the ``torch`` one: the two pair in the backends table."""
+    root = tmp_path / "run"
+    for name, kernels, ms, date in (("flex", "flex", 20_000.0, "2026-12-02T08:20:00+00:00"),
+                                    ("torch", "torch", 60_000.0, "2026-12-02T08:10:00+00:00")):
+        record = timing_record(1536, kernels, ms, 56.0, date)
+        record["point"]["workflow"] = "training"
+        record["point"]["model"] |= {"kernels": kernels, "compile_training": True}
+        write(root, f"train_{name}", record)
+    markdown = build_report(root)["markdown"].read_text()
+    assert "boltz2 [model.compile_training=true]" in markdown  # the flex row's own label stays in the table
+    text = section(markdown, "Kernel backends")
+    assert "| boltz2 | training | 1d cp=1 | 1,536 | flex | 20,000.0 | 56.00 | 3.00× |" in text
+    assert "| boltz2 | training | 1d cp=1 | 1,536 | torch | 60,000.0 | 56.00 | 1.00× |" in text
+
+
 def test_backends_section_says_when_nothing_was_compared(tmp_path):
     root = tmp_path / "run"
     write(root, "torch_2048", timing_record(2048, "torch", 12000.0, 17.4, "2026-12-01T05:12:00+00:00"))
