@@ -160,9 +160,12 @@ def _baseline_text(headline: list[HeadlineRow]) -> str:
     return "the cp=1 probe of the same model and workflow (any topology)."
 
 
-def readme_block(headline: list[HeadlineRow], context: str) -> str:
+def readme_block(headline: list[HeadlineRow], context: str, walltimes: list[str] = (),
+                 walltime_context: str = "") -> str:
     """The README's headline: a lead line naming ``context`` (device, date, dtype) and one list
-    item per configuration, e.g. ``- inference, 1d cp=2: max N 16,384 (1.33× cp=1; OOM at 24,576)``."""
+    item per configuration, e.g. ``- inference, 1d cp=2: max N 16,384 (1.33× cp=1; OOM at 24,576)``;
+    then, where timing points were measured, their walltimes (``walltime_headline.walltime_lines``)
+    under a lead line naming ``walltime_context``."""
     with_model = len({h.model for h in headline}) > 1
     lines = [f"Max N measured {context}; `≥` marks a lower bound (written by `python -m cpbench.report --readme`):", ""]
     for h in headline:
@@ -171,6 +174,10 @@ def readme_block(headline: list[HeadlineRow], context: str) -> str:
         lines.append(f"- {what}, {h.cp_config}: max N {h.max_n_text()}" + (f" ({detail})" if detail else ""))
     if not headline:
         lines.append("- no probe found a max N")
+    if walltimes:
+        lines += ["", f"Walltime of one step measured {walltime_context}: the median of the latest run of each point, "
+                      "on the fastest kernel backend measured there, with the `torch` path beside it where both ran:", "",
+                  *walltimes]
     return "\n".join(lines)
 
 
@@ -187,9 +194,10 @@ def replace_marked_block(path: Path, block: str) -> bool:
     return True
 
 
-def run_context(records: list[dict], headline: list[HeadlineRow]) -> str:
-    """``on NVIDIA H200 (2026-11-30, boltz2, bf16)``: where and when the probes behind the headline ran."""
-    probes = [r for r in records if r.get("routine") == "probe"]
+def run_context(records: list[dict], headline: list[HeadlineRow], routine: str = "probe") -> str:
+    """``on NVIDIA H200 (2026-11-30, boltz2, bf16)``: where and when the probes behind the headline
+    ran (the timing points, with ``routine="timing"``)."""
+    probes = [r for r in records if r.get("routine") == routine]
     envs = [r.get("env") or {} for r in probes]
     gpus = sorted({str(e["gpu_model"]) for e in envs if e.get("gpu_model")})
     where = f"on {', '.join(gpus)}" if gpus else "on CPU"

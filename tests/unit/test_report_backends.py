@@ -72,3 +72,26 @@ def test_backends_section_says_when_nothing_was_compared(tmp_path):
     write(root, "torch_2048", timing_record(2048, "torch", 12000.0, 17.4, "2026-12-01T05:12:00+00:00"))
     text = section(build_report(root)["markdown"].read_text(), "Kernel backends")
     assert "No point was measured under two backends" in text
+
+
+def test_readme_lists_each_whole_model_step_on_its_fastest_backend(tmp_path):
+    """The README's walltime lines come from the report: one per whole-model point (a depth slice
+    is not a step of the model), the fastest backend's latest median with ``torch`` beside it."""
+    from cpbench.report.headline import README_END, README_START
+
+    root = tmp_path / "run"
+    write(root, "flex_2048_old", timing_record(2048, "flex", 7000.0, 13.5, "2026-12-01T05:00:00+00:00"))
+    write(root, "flex_2048", timing_record(2048, "flex", 6000.0, 13.5, "2026-12-01T05:10:00+00:00"))
+    write(root, "torch_2048", timing_record(2048, "torch", 12000.0, 17.4, "2026-12-01T05:12:00+00:00"))
+    write(root, "torch_512", timing_record(512, "torch", 640.0, 1.5, "2026-12-01T05:13:00+00:00"))
+    sliced = timing_record(4096, "torch", 1177.0, 9.0, "2026-12-01T05:14:00+00:00")
+    sliced["overrides"] = ["model.blocks=1"]
+    write(root, "slice_4096", sliced)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{README_START}\n{README_END}\n")
+    build_report(root, readme=readme)
+    block = readme.read_text().split(README_START)[1].split(README_END)[0]
+    lines = [line for line in block.splitlines() if line.startswith("- boltz2")]
+    assert lines == ["- boltz2 inference, 1d cp=1, N=512: 640 ms (torch)",
+                     "- boltz2 inference, 1d cp=1, N=2,048: 6,000 ms (flex; torch 12,000 ms, 2.00×)"], block
+    assert "Walltime of one step measured on NVIDIA H200 (2026-12-01, bf16)" in block

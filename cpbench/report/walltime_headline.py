@@ -1,0 +1,47 @@
+"""The README's walltime list: how long one step takes, per measured point, beside the max N.
+
+``walltime_lines`` owns the figures: for each timing point of a whole model (a ``model.blocks``
+slice is not a step of the model; ``[model.msa_blocks=0]``, a trunk-only pass, is) the median of
+its latest ok run, on the fastest backend measured there, with the ``torch`` path's median and
+the speed-up beside it where both ran. A compiled training point (``model
+[model.compile_training=true]``) is the same step as the model's ``torch`` one: the backend
+names it (``rows.without_training_path``). ``headline.readme_block`` writes the lines under the
+max-N list, so the README's walltimes, like its max N, come from the report.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from cpbench.report.analysis import TIMING_POINT, latest_ok_timing
+from cpbench.report.rows import without_training_path
+
+DEPTH_SLICE = "model.blocks="  # a label with it times a slice of the trunk, not the model's step
+
+
+def walltime_lines(rows: pd.DataFrame) -> list[str]:
+    """One line per whole-model timing point (model, workflow, CP config, N), e.g.
+    ``- boltz2 training, 1d cp=1, N=1,536: 20,811 ms (flex; torch 60,416 ms, 2.90×)``."""
+    latest = latest_ok_timing(rows)
+    if latest.empty:
+        return []
+    latest = latest[latest["model"].map(lambda m: isinstance(m, str) and DEPTH_SLICE not in m)].copy()
+    latest["model"] = latest["model"].map(without_training_path)
+    latest["kernels"] = latest["kernels"].fillna("") if "kernels" in latest else ""
+    lines = []
+    for (model, workflow, cp_config, n), point in latest.groupby(TIMING_POINT, sort=False):
+        torch_ms = point.loc[point["kernels"] == "torch", "walltime (ms)"].min()
+        best = point.loc[point["walltime (ms)"].idxmin()]
+        backend = f"{best['kernels']}" if best["kernels"] else ""
+        if best["kernels"] != "torch" and pd.notna(torch_ms):
+            backend += f"; torch {torch_ms:,.0f} ms, {torch_ms / best['walltime (ms)']:.2f}×"
+        lines.append((model, workflow, _cp_order(cp_config), int(n),
+                      f"- {model} {workflow}, {cp_config}, N={int(n):,}: {best['walltime (ms)']:,.0f} ms"
+                      + (f" ({backend})" if backend else "")))
+    return [line for *_, line in sorted(lines)]
+
+
+def _cp_order(cp_config: str) -> tuple[int, str]:
+    """``1d cp=2`` -> ``(2, "1d cp=2")``: lines go by CP size, then topology."""
+    size = cp_config.rsplit("cp=", 1)[-1]
+    return (int(size) if size.isdigit() else 0, cp_config)
