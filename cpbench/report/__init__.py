@@ -6,9 +6,10 @@
 writes ``cp_benchmark.md``, ``cp_benchmark.csv`` and ``cp_benchmark_<plot>.png`` into the
 directory, and with ``--out`` the same markdown at that path with its CSV and plots beside it
 (links are relative, so both copies read correctly). With ``--readme`` the headline (max N per
-configuration, ``cpbench.report.headline``, and the walltime of each whole-model timing point,
-``cpbench.report.walltime_headline``) replaces the text between the README's
-``<!-- headline:start -->`` and ``<!-- headline:end -->`` markers. It needs nothing but the JSON files, and
+configuration, ``cpbench.report.headline``) replaces the text between the README's
+``<!-- headline:start -->`` and ``<!-- headline:end -->`` markers, and the walltime of each
+whole-model timing point (``cpbench.report.walltime_headline``) the text between its
+``<!-- walltime:start -->`` and ``<!-- walltime:end -->`` markers, where it has them. It needs nothing but the JSON files, and
 failed jobs (oom, timeout, error, insufficient_gpus) and unstable probes keep their rows. The multirun's end
 callback calls ``build_report(sweep_dir, out=report.out)``.
 """
@@ -26,7 +27,7 @@ from cpbench.report.plots import write_plots
 from cpbench.report.readout import readout
 from cpbench.report.rows import probe_point_rows, result_rows
 from cpbench.report.sections import flops_section, memory_section, metadata_section, plots_section, results_section
-from cpbench.report.walltime_headline import walltime_lines
+from cpbench.report.walltime_headline import WALLTIME_END, WALLTIME_START, walltime_block, walltime_lines
 from cpbench.results import iter_incomplete_probes, iter_results, without_continued_probes
 
 REPORT_STEM = "cp_benchmark"
@@ -45,8 +46,9 @@ def build_report(root, out=None, baseline_max_n: int | None = None,
         peak_tflops: the per-GPU peak for MFU; default: the results' ``report.peak_tflops``,
             else the measured table in ``cpbench.models.pairformer.flops``.
         readme: a markdown file whose headline block (between ``<!-- headline:start -->`` and
-            ``<!-- headline:end -->``) is replaced by the headline and the walltimes; left
-            unchanged without markers.
+            ``<!-- headline:end -->``) is replaced by the headline, and its walltime block
+            (``<!-- walltime:start -->`` ... ``<!-- walltime:end -->``) by the walltimes; left
+            unchanged without the headline's markers.
 
     Returns:
         ``{"markdown", "csv", "plot_<name>"...}`` under ``root``, plus ``"out_markdown"``,
@@ -83,10 +85,10 @@ def build_report(root, out=None, baseline_max_n: int | None = None,
         written.update(_write(out, rows, records, copied, command, baseline_max_n, "out_", parity))
     if readme is not None:
         headline = headline_rows(rows, baseline_max_n)
-        block = readme_block(headline, run_context(records, headline), walltime_lines(rows),
-                             run_context(records, [], routine="timing"))
-        if replace_marked_block(Path(readme), block):
+        if replace_marked_block(Path(readme), readme_block(headline, run_context(records, headline))):
             written["readme"] = Path(readme)
+            walltimes = walltime_block(walltime_lines(rows), run_context(records, [], routine="timing"))
+            replace_marked_block(Path(readme), walltimes, WALLTIME_START, WALLTIME_END)  # where it has them
     return written
 
 

@@ -160,12 +160,9 @@ def _baseline_text(headline: list[HeadlineRow]) -> str:
     return "the cp=1 probe of the same model and workflow (any topology)."
 
 
-def readme_block(headline: list[HeadlineRow], context: str, walltimes: list[str] = (),
-                 walltime_context: str = "") -> str:
+def readme_block(headline: list[HeadlineRow], context: str) -> str:
     """The README's headline: a lead line naming ``context`` (device, date, dtype) and one list
-    item per configuration, e.g. ``- inference, 1d cp=2: max N 16,384 (1.33× cp=1; OOM at 24,576)``;
-    then, where timing points were measured, their walltimes (``walltime_headline.walltime_lines``)
-    under a lead line naming ``walltime_context``."""
+    item per configuration, e.g. ``- inference, 1d cp=2: max N 16,384 (1.33× cp=1; OOM at 24,576)``."""
     with_model = len({h.model for h in headline}) > 1
     lines = [f"Max N measured {context}; `≥` marks a lower bound (written by `python -m cpbench.report --readme`):", ""]
     for h in headline:
@@ -174,21 +171,19 @@ def readme_block(headline: list[HeadlineRow], context: str, walltimes: list[str]
         lines.append(f"- {what}, {h.cp_config}: max N {h.max_n_text()}" + (f" ({detail})" if detail else ""))
     if not headline:
         lines.append("- no probe found a max N")
-    if walltimes:
-        lines += ["", f"Walltime of one step measured {walltime_context}: the median of the latest run of each point, "
-                      "on the fastest kernel backend measured there, with the `torch` path beside it where both ran:", "",
-                  *walltimes]
     return "\n".join(lines)
 
 
-def replace_marked_block(path: Path, block: str) -> bool:
-    """Replace the text between ``README_START`` and ``README_END`` in ``path`` by ``block`` (the
-    markers stay); False, and the file unchanged, when the markers are missing or out of order."""
+def replace_marked_block(path: Path, block: str, start_marker: str = README_START,
+                         end_marker: str = README_END) -> bool:
+    """Replace the text between ``start_marker`` and ``end_marker`` (the headline's by default) in
+    ``path`` by ``block`` (the markers stay); False, and the file unchanged, when the markers are
+    missing or out of order."""
     text = path.read_text()
-    start, end = text.find(README_START), text.find(README_END)
+    start, end = text.find(start_marker), text.find(end_marker)
     if start < 0 or end < start:
         return False
-    new = text[:start + len(README_START)] + "\n" + block.strip("\n") + "\n" + text[end:]
+    new = text[:start + len(start_marker)] + "\n" + block.strip("\n") + "\n" + text[end:]
     if new != text:
         path.write_text(new)
     return True

@@ -5,8 +5,9 @@ slice is not a step of the model; ``[model.msa_blocks=0]``, a trunk-only pass, i
 its latest ok run, on the fastest backend measured there, with the ``torch`` path's median and
 the speed-up beside it where both ran. A compiled training point (``model
 [model.compile_training=true]``) is the same step as the model's ``torch`` one: the backend
-names it (``rows.without_training_path``). ``headline.readme_block`` writes the lines under the
-max-N list, so the README's walltimes, like its max N, come from the report.
+names it (``rows.without_training_path``). ``walltime_block`` writes them as the list that
+``python -m cpbench.report DIR --readme README.md`` puts between the README's walltime markers
+(beside the max-N headline's), so the README's step times, like its max N, come from the report.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import pandas as pd
 from cpbench.report.analysis import TIMING_POINT, latest_ok_timing
 from cpbench.report.rows import without_training_path
 
+WALLTIME_START = "<!-- walltime:start -->"
+WALLTIME_END = "<!-- walltime:end -->"
 DEPTH_SLICE = "model.blocks="  # a label with it times a slice of the trunk, not the model's step
 
 
@@ -39,6 +42,14 @@ def walltime_lines(rows: pd.DataFrame) -> list[str]:
                       f"- {model} {workflow}, {cp_config}, N={int(n):,}: {best['walltime (ms)']:,.0f} ms"
                       + (f" ({backend})" if backend else "")))
     return [line for *_, line in sorted(lines)]
+
+
+def walltime_block(lines: list[str], context: str) -> str:
+    """The README's walltime list under a lead line naming ``context`` (device, dates, dtype)."""
+    lead = (f"Walltime of one step measured {context}: the median of the latest run of each point, on the "
+            "fastest kernel backend measured there, with the `torch` path beside it where both ran "
+            "(written by `python -m cpbench.report --readme`):")
+    return "\n".join([lead, "", *(lines or ["- no timing point was measured"])])
 
 
 def _cp_order(cp_config: str) -> tuple[int, str]:

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 from cpbench.report import build_report
+from cpbench.report.headline import README_END, README_START
+from cpbench.report.walltime_headline import WALLTIME_END, WALLTIME_START
 
 PAIRFORMER = "cpbench.models.pairformer.adapter.PairformerAdapter"
 
@@ -77,8 +79,6 @@ def test_backends_section_says_when_nothing_was_compared(tmp_path):
 def test_readme_lists_each_whole_model_step_on_its_fastest_backend(tmp_path):
     """The README's walltime lines come from the report: one per whole-model point (a depth slice
     is not a step of the model), the fastest backend's latest median with ``torch`` beside it."""
-    from cpbench.report.headline import README_END, README_START
-
     root = tmp_path / "run"
     write(root, "flex_2048_old", timing_record(2048, "flex", 7000.0, 13.5, "2026-12-01T05:00:00+00:00"))
     write(root, "flex_2048", timing_record(2048, "flex", 6000.0, 13.5, "2026-12-01T05:10:00+00:00"))
@@ -88,9 +88,12 @@ def test_readme_lists_each_whole_model_step_on_its_fastest_backend(tmp_path):
     sliced["overrides"] = ["model.blocks=1"]
     write(root, "slice_4096", sliced)
     readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\n{README_START}\n{README_END}\n")
+    readme.write_text(f"# x\n\n{README_START}\n{README_END}\n\n{WALLTIME_START}\nhand-typed\n{WALLTIME_END}\n")
     build_report(root, readme=readme)
-    block = readme.read_text().split(README_START)[1].split(README_END)[0]
+    text = readme.read_text()
+    assert "- boltz2 inference, 1d cp=1: max N" not in text  # no probe here: the headline says so
+    block = text.split(WALLTIME_START)[1].split(WALLTIME_END)[0]
+    assert "hand-typed" not in block
     lines = [line for line in block.splitlines() if line.startswith("- boltz2")]
     assert lines == ["- boltz2 inference, 1d cp=1, N=512: 640 ms (torch)",
                      "- boltz2 inference, 1d cp=1, N=2,048: 6,000 ms (flex; torch 12,000 ms, 2.00×)"], block
