@@ -47,6 +47,9 @@
 #             (boltz2, trunk only, kernels=auto), before (BASE_SRC: a snapshot of a commit without
 #             it, e.g. 4a30e3d, with its commit.txt) then after, at cp=1 and, where two GPUs are
 #             visible, cp=2.
+# CALL host512: #17, where the N=512 64-block pass's host time goes (scripts/step_overhead.py
+#             --host-profile): flex and torch, as is, then 5 steps each under torch.profiler
+#             (wall vs the GPU's summed kernel time, launches, compiled-region calls, top host ops).
 set -u
 CALLS=${1:?call name(s)}
 source scripts/campaign_lib.sh  # campaign_begin, left, point, probe, script_phase, archive_out, campaign_end
@@ -94,6 +97,8 @@ for CALL in $CALLS; do
              python3 -c "import json,sys; r=json.load(open(sys.argv[1])); [r.pop(k) for k in ('top_kernels',)]; print(json.dumps(r))" \
                "$OUT/$name.json" 2>/dev/null
            done ;;
+    host512) script_phase host512 python3 scripts/step_overhead.py --n 512 --kernels flex torch --variants as_is \
+               --host-profile --out "$OUT/host512.json" ;;
     agree)
       PASS512="model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing N=512"
       for cp in 1 $([ "$(nvidia-smi -L | wc -l)" -ge 2 ] && echo 2); do

@@ -10,8 +10,11 @@ by the first reading); ``no_stage_peaks`` (``StageTimer``'s per-stage peak reset
 Each variant: ``--warmup`` untimed steps (compiles), then the median of ``--repeats`` steps
 (synchronized wall clock), and the block mean the adapter reports. Also: the host cost of each
 memory query (microseconds per call), how many free-memory readings one step makes, and
-dynamo's recompile counters. Prints one JSON line per (backend, variant) and writes them all to
-``--out``. Not a cpbench point: a diagnosis.
+dynamo's recompile counters. With ``--host-profile``, per backend, ``--repeats`` more steps under
+``torch.profiler`` (CPU, and CUDA where it runs): per step the wall time, the GPU's summed kernel
+time (what the host has to hide), kernel launches, compiled-region calls, and the host ops with
+the most self CPU time: where a host-bound step's time goes. Prints one JSON line per (backend,
+variant) and writes them all to ``--out``. Not a cpbench point: a diagnosis.
 """
 
 from __future__ import annotations
@@ -114,6 +117,35 @@ def time_variant(adapter, model, batch, device, name: str, warmup: int, repeats:
             "compile_s": stats.get("compile_s")}
 
 
+def host_profile(adapter, model, batch, device, repeats: int, top: int = 25) -> dict:
+    """``repeats`` steps under ``torch.profiler``, per step: wall ms, the GPU's summed kernel ms,
+    kernel launches, compiled-region calls, and the ``top`` host ops by self CPU ms (after the
+    warmup steps of ``time_variant``: nothing compiles here)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    _sync(device)
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        for _ in range(repeats):
+            adapter.run_step(model, batch, False)
+        _sync(device)
+    wall_ms = (time.perf_counter() - t0) * 1e3 / repeats
+    events = prof.key_averages()
+    device_us = sum(getattr(e, "self_device_time_total", 0) or 0 for e in events
+                    if getattr(e, "device_type", None) is not None and "CUDA" in str(e.device_type))
+
+    def calls(*names: str) -> float:
+        return sum(e.count for e in events if any(n in e.key for n in names)) / repeats
+
+    host = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    return {"wall_ms": round(wall_ms, 2), "gpu_kernel_ms": round(device_us / 1e3 / repeats, 2),
+            "kernel_launches": calls("cudaLaunchKernel", "cuLaunchKernel"),
+            "compiled_region_calls": calls("Torch-Compiled Region"),
+            "host_self_ms": {e.key[:80]: {"ms": round(e.self_cpu_time_total / 1e3 / repeats, 3),
+                                          "calls": e.count / repeats} for e in host}}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=512)
@@ -123,6 +155,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--blocks", type=int, default=64)
+    p.add_argument("--host-profile", action="store_true", help="also profile --repeats steps per backend")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     device = torch.device(args.device)
@@ -135,6 +168,11 @@ def main() -> None:
         for name in args.variants:
             row = {"kernels": backend, "N": args.n, **time_variant(adapter, model, batch, device, name,
                                                                   args.warmup, args.repeats)}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        if args.host_profile:
+            row = {"kernels": backend, "N": args.n, "host_profile": host_profile(adapter, model, batch, device,
+                                                                                args.repeats)}
             print(json.dumps(row), flush=True)
             rows.append(row)
         calls = free_query_calls(adapter, model, batch)
