@@ -24,7 +24,8 @@ DEPTH_SLICE = "model.blocks="  # a label with it times a slice of the trunk, not
 
 def walltime_lines(rows: pd.DataFrame) -> list[str]:
     """One line per whole-model timing point (model, workflow, CP config, N), e.g.
-    ``- boltz2 training, 1d cp=1, N=1,536: 20,811 ms (flex; torch 60,416 ms, 2.90×)``."""
+    ``- boltz2 training, 1d cp=1, N=1,536: 20,811 ms (flex; 2026-12-02; torch 60,416 ms, 2.90×)``
+    (the backend and the date of the figure, the ``torch`` one beside it)."""
     latest = latest_ok_timing(rows)
     if latest.empty:
         return []
@@ -35,12 +36,12 @@ def walltime_lines(rows: pd.DataFrame) -> list[str]:
     for (model, workflow, cp_config, n), point in latest.groupby(TIMING_POINT, sort=False):
         torch_ms = point.loc[point["kernels"] == "torch", "walltime (ms)"].min()
         best = point.loc[point["walltime (ms)"].idxmin()]
-        backend = f"{best['kernels']}" if best["kernels"] else ""
+        detail = [t for t in (best["kernels"], str(best.get("date") or "")[:10]) if t]
         if best["kernels"] != "torch" and pd.notna(torch_ms):
-            backend += f"; torch {torch_ms:,.0f} ms, {torch_ms / best['walltime (ms)']:.2f}×"
+            detail.append(f"torch {torch_ms:,.0f} ms, {torch_ms / best['walltime (ms)']:.2f}×")
         lines.append((model, workflow, _cp_order(cp_config), int(n),
                       f"- {model} {workflow}, {cp_config}, N={int(n):,}: {best['walltime (ms)']:,.0f} ms"
-                      + (f" ({backend})" if backend else "")))
+                      + (f" ({'; '.join(detail)})" if detail else "")))
     return [line for *_, line in sorted(lines)]
 
 

@@ -95,6 +95,6 @@ def test_readme_lists_each_whole_model_step_on_its_fastest_backend(tmp_path):
     block = text.split(WALLTIME_START)[1].split(WALLTIME_END)[0]
     assert "hand-typed" not in block
     lines = [line for line in block.splitlines() if line.startswith("- boltz2")]
-    assert lines == ["- boltz2 inference, 1d cp=1, N=512: 640 ms (torch)",
-                     "- boltz2 inference, 1d cp=1, N=2,048: 6,000 ms (flex; torch 12,000 ms, 2.00×)"], block
+    assert lines == ["- boltz2 inference, 1d cp=1, N=512: 640 ms (torch; 2026-12-01)",
+                     "- boltz2 inference, 1d cp=1, N=2,048: 6,000 ms (flex; 2026-12-01; torch 12,000 ms, 2.00×)"], block
     assert "Walltime of one step measured on NVIDIA H200 (2026-12-01, bf16)" in block
