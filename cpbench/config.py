@@ -79,6 +79,10 @@ AUTO_PROBE_VERIFY = {"cuda": True, "cpu": False}
 MIN_WARMUP = 3
 MIN_REPEATS = 5
 
+# The reference trunk's switches that are true or false (a typo such as model.cuda_graphs=yes would
+# otherwise read as true).
+PAIRFORMER_FLAGS = ("compile_training", "cuda_graphs")
+
 
 class ConfigError(ValueError):
     """A user-caused config mistake: ``key=value: what is allowed`` (one line)."""
@@ -316,8 +320,12 @@ def resolve_point(cfg: DictConfig, overrides: list[str] | None = None) -> Point:
                           "a class or module with build_model, build_batch, run_step (model=adapter model._target_=pkg.Cls)")
     _check_importable(str(model["_target_"]))
     _check_adapter_config(model, cp, device, bool(workflow.get("train")))
-    if model.get("_target_") == PAIRFORMER_TARGET and model.get("kernels") is not None:
-        _check_kernels(str(model["kernels"]), device)
+    if model.get("_target_") == PAIRFORMER_TARGET:
+        if model.get("kernels") is not None:
+            _check_kernels(str(model["kernels"]), device)
+        for flag in PAIRFORMER_FLAGS:
+            if flag in model and not isinstance(model[flag], bool):
+                raise ConfigError(f"model.{flag}", model[flag], "true or false")
 
     probe_cfg = data.get("probe") or {}
     timing_cfg = data.get("timing") or {}

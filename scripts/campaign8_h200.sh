@@ -50,6 +50,13 @@
 # CALL host512: #17, where the N=512 64-block pass's host time goes (scripts/step_overhead.py
 #             --host-profile): flex and torch, as is, then 5 steps each under torch.profiler
 #             (wall vs the GPU's summed kernel time, launches, compiled-region calls, top host ops).
+# CALL graphs: #17, the trunk's blocks replayed as a CUDA graph (model.cuda_graphs=true): first
+#             scripts/graph_parity.py (4 blocks at N=256 and 512, flex and torch, bf16 and fp32:
+#             replay against eager), then the 64-block pass (boltz2, trunk only, cp=1) at N=512
+#             and 2,048, kernels=auto with graphs, without, and kernels=torch, side by side.
+# CALL graphsamp: #17, the same with sampling (boltz2 defaults: 3 recycles, 200 steps x 5
+#             samples; the denoiser's calls replay from the second of each sampling run), cp=1,
+#             kernels=auto with graphs and without, at N=512 then 1,024.
 set -u
 CALLS=${1:?call name(s)}
 source scripts/campaign_lib.sh  # campaign_begin, left, point, probe, script_phase, archive_out, campaign_end
@@ -105,6 +112,19 @@ for CALL in $CALLS; do
         (cd "${BASE_SRC:?set BASE_SRC}" && CPBENCH_GIT_COMMIT=$(cat commit.txt) \
            point "pass512_cp${cp}_before" 120 $PASS512 cp=$cp timing.timeout_s=150)
         point "pass512_cp${cp}_after" 120 $PASS512 cp=$cp timing.timeout_s=150
+      done ;;
+    graphs)
+      script_phase graph_parity python3 scripts/graph_parity.py --n 256 512 --blocks 4 --out "$OUT/graph_parity.json"
+      PASS="model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing cp=1"
+      for n in 512 2048; do
+        point "pass${n}_graphs" 90 $PASS N=$n model.cuda_graphs=true timing.timeout_s=150
+        point "pass${n}_flex" 90 $PASS N=$n timing.timeout_s=150
+        point "pass${n}_torch" 90 $PASS N=$n model.kernels=torch timing.timeout_s=$(( $(left) - 15 < 170 ? $(left) - 15 : 170 ))
+      done ;;
+    graphsamp)
+      for n in 512 1024; do
+        point "samp${n}_graphs" 100 model=boltz2 routine=timing cp=1 N=$n model.cuda_graphs=true timing.timeout_s=200
+        point "samp${n}_flex" 100 model=boltz2 routine=timing cp=1 N=$n timing.timeout_s=200
       done ;;
     *) echo "unknown call $CALL"; exit 2 ;;
   esac

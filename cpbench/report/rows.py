@@ -158,14 +158,20 @@ def kernels_of(rec: dict, model: dict) -> str | None:
     """The kernel backend a record ran: ``stats.kernels``, else its ``model.kernels`` choice, else
     ``torch`` for the reference trunk measured before the switch existed (None for other models).
     A training step under ``flex`` ran the ``torch`` ops unless compiled training ran on CUDA,
-    which records before ``kernels.ran`` (the same rule, on the worker) named ``flex``."""
-    ran = (rec.get("stats") or {}).get("kernels")
+    which records before ``kernels.ran`` (the same rule, on the worker) named ``flex``. Where the
+    trunk's blocks or the sampler's denoiser replayed a CUDA graph (``stats.cuda_graphs``,
+    ``stats.cuda_graphs_denoiser``; ``model.cuda_graphs=true``), the
+    backend gains ``+graphs`` (``flex+graphs``): another way to run the same point, compared
+    beside the others."""
+    stats = rec.get("stats") or {}
+    ran = stats.get("kernels")
     point = rec.get("point") or {}
     if (ran == "flex" and point.get("workflow") == "training"
             and not (model.get("compile_training") and point.get("device") == "cuda")):
         return "torch"
     if ran:
-        return ran
+        replayed = "replay" in (stats.get("cuda_graphs"), stats.get("cuda_graphs_denoiser"))
+        return f"{ran}+graphs" if replayed else ran
     if flops.is_reference_trunk(model):
         return model.get("kernels") or "torch"
     return None

@@ -66,6 +66,8 @@ def test_1d_padding_unit_is_cp():
     (("memory.limit_gib=-1",), "memory.limit_gib"),
     (("model=adapter",), "model._target_"),
     (("model=adapter", "model._target_=no_such_pkg.Adapter"), "model._target_"),
+    (("model.cuda_graphs=yes",), "model.cuda_graphs"),
+    (("model.compile_training=1",), "model.compile_training"),
 ])
 def test_invalid_value_names_its_key(overrides, key):
     with pytest.raises(ConfigError) as err:

@@ -69,6 +69,25 @@ def test_compiled_training_pairs_with_the_torch_training_step(tmp_path):
     assert "| boltz2 | training | 1d cp=1 | 1,536 | torch | 60,000.0 | 56.00 | 1.00× |" in text
 
 
+def test_graph_replayed_point_is_its_own_backend_row(tmp_path):
+    """``model.cuda_graphs=true`` runs the same point another way: ``flex+graphs`` beside ``flex``
+    and ``torch``; a point whose capture failed ran eagerly and counts as plain ``flex``."""
+    root = tmp_path / "run"
+    write(root, "torch", timing_record(512, "torch", 620.0, 1.5, "2026-12-03T05:00:00+00:00"))
+    write(root, "flex", timing_record(512, "flex", 450.0, 1.2, "2026-12-03T05:01:00+00:00"))
+    graphed = timing_record(512, "flex", 155.0, 1.2, "2026-12-03T05:02:00+00:00")
+    graphed["stats"] |= {"cuda_graphs": "replay", "graph_capture_s": 0.8}
+    write(root, "graphs", graphed)
+    failed = timing_record(1024, "flex", 900.0, 2.0, "2026-12-03T05:03:00+00:00")
+    failed["stats"] |= {"cuda_graphs": "capture failed: operation not permitted"}
+    write(root, "failed", failed)
+    write(root, "torch_1024", timing_record(1024, "torch", 1800.0, 2.5, "2026-12-03T05:04:00+00:00"))
+    text = section(build_report(root)["markdown"].read_text(), "Kernel backends")
+    assert "| 512 | flex+graphs | 155.0 | 1.20 | 4.00× |" in text
+    assert "| 512 | flex | 450.0 |" in text and "| 512 | torch | 620.0 |" in text
+    assert "| 1,024 | flex | 900.0 | 2.00 | 2.00× |" in text and "graphs | 900.0" not in text
+
+
 def test_backends_section_says_when_nothing_was_compared(tmp_path):
     root = tmp_path / "run"
     write(root, "torch_2048", timing_record(2048, "torch", 12000.0, 17.4, "2026-12-01T05:12:00+00:00"))

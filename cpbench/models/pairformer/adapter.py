@@ -23,6 +23,7 @@ from torch import nn
 
 from cpbench.data.sharding import pad_features
 from cpbench.data.synthetic import MSA_KEYS, make_synthetic_features
+from cpbench.models.pairformer.modules.cuda_graphs import GraphedBlocks, GraphedDenoiser
 from cpbench.models.pairformer.modules.diffusion import BOLTZ2_SIZES, DiffusionModule
 from cpbench.models.pairformer.modules.sampler import sample
 from cpbench.models.pairformer.modules.trunk import PairformerTrunk
@@ -81,7 +82,7 @@ class PairformerAdapter:
                  c_atom: int = 128, c_atompair: int = 16, atom_blocks: int = 3, atom_heads: int = 4,
                  c_m: int = 64, msa_blocks: int = 4, sampling: bool = False, sampling_steps: int = 200,
                  samples: int = 5, diffusion: dict | None = None, kernels: str = "auto",
-                 compile_training: bool = True) -> None:
+                 compile_training: bool = True, cuda_graphs: bool = False) -> None:
         if dtype not in TORCH_DTYPES:
             raise ValueError(f"dtype={dtype!r}: allowed {sorted(TORCH_DTYPES)}")
         self.sizes = dict(c_s=c_s, c_z=c_z, blocks=blocks, heads_single=heads_single, heads_tri=heads_tri,
@@ -98,6 +99,7 @@ class PairformerAdapter:
         if kernels not in ops_kernels.KERNELS:
             raise ValueError(f"kernels={kernels!r}: allowed {', '.join(ops_kernels.KERNELS)}")
         self.kernels, self.compile_training = kernels, bool(compile_training)
+        self.cuda_graphs = bool(cuda_graphs)  # inference at cp=1: the blocks as a replayed CUDA graph
         self._stats: dict[str, Any] = {}
 
     def build_model(self, mesh: Any, device: torch.device) -> nn.Module:
@@ -107,6 +109,8 @@ class PairformerAdapter:
         ops_kernels.compile_training(self.compile_training)
         model = PairformerTrunk(**self.sizes).to(device=device, dtype=self.dtype)
         model.layout = layout_from_mesh(mesh)
+        model.graphs = GraphedBlocks() if self.cuda_graphs else None
+        model.denoiser_graphs = GraphedDenoiser() if self.cuda_graphs and self.sampling else None
         model.optimizer = None  # created at the first training step (AdamW states count in its peak)
         model.diffusion = None
         if self.sampling:  # built after the trunk, so the trunk's weights do not depend on sampling
@@ -164,7 +168,7 @@ class PairformerAdapter:
                         ctx = model.diffusion.prepare(s, z, model.s_inputs, batch, layout)
                         del s, z  # z now holds the normalised pair conditioning (ctx.z_hat)
                         sample(model.diffusion, ctx, self.sampling_steps, self.samples, model.sampling_seed,
-                               run_steps=run_blocks, run_blocks=run_blocks)
+                               run_steps=run_blocks, run_blocks=run_blocks, graphs=model.denoiser_graphs)
                         del ctx
             self._record(model, start_s, now_s(batch["token_mask"]), None, timer)
             return None
@@ -194,8 +198,9 @@ class PairformerAdapter:
             stage_ms = {"forward": (forward_end_s - start_s) * 1e3}
         if end_s is not None:
             stage_ms["backward_optimizer"] = (end_s - forward_end_s) * 1e3
-        if model.block_ms:
-            stage_ms["block_mean"] = sum(model.block_ms) / len(model.block_ms)
+        block_ms = model.block_ms
+        if block_ms:
+            stage_ms["block_mean"] = sum(block_ms) / len(block_ms)
         self._stats = {
             "stage_ms": stage_ms,
             "comm_bytes_per_block": max(model.block_comm_bytes, default=0),
@@ -203,6 +208,13 @@ class PairformerAdapter:
             "kernels": ops_kernels.ran(training=end_s is not None, device=next(model.parameters()).device),
             "compile_s": round(ops_kernels.compile_seconds(), 3),
         }
+        if model.graphs is not None:  # model.cuda_graphs: how the last pass's blocks ran
+            self._stats["cuda_graphs"] = model.graphs.state
+            capture_s = model.graphs.capture_s
+            if model.denoiser_graphs is not None:  # and the last sampling run's denoiser calls
+                self._stats["cuda_graphs_denoiser"] = model.denoiser_graphs.state
+                capture_s += model.denoiser_graphs.capture_s
+            self._stats["graph_capture_s"] = round(capture_s, 3)
         peaks = timer.peaks_gib() if timer is not None else (peaks or {})
         if peaks:  # CUDA only: per-stage peak allocated (StageTimer)
             self._stats["stage_peak_gib"] = peaks
@@ -219,7 +231,12 @@ class PairformerAdapter:
         ``efficient``, see ``sdpa_lse``); ``kernels`` (the backend whose ops ran: ``torch``, ``flex`` or
         ``cueq``; ``torch`` for training under ``flex`` without compiled training, ``kernels.ran``)
         and ``compile_s`` (wall seconds of ``torch.compile`` in this process so far: the first
-        calls, which the timing's warmup absorbs); on CUDA ``stage_peak_gib`` (peak
+        calls, which the timing's warmup absorbs); with ``cuda_graphs``, ``cuda_graphs`` (how the
+        last pass's blocks ran: ``replay``, ``eager`` or ``capture failed: ...``,
+        ``modules/cuda_graphs.py``), with sampling ``cuda_graphs_denoiser`` (how the last sampling
+        run's denoiser calls ran: ``replay`` from the second call on, or as above) and
+        ``graph_capture_s`` (wall seconds capturing, in this process: the blocks once per shape,
+        in the warmup; the denoiser once per sampling run, inside each step's time); on CUDA ``stage_peak_gib`` (peak
         allocated GiB per stage: embedding, msa, trunk -- which includes its nested embedding
         and msa --, sampling; training: forward, backward (with the gradient all-reduce),
         optimizer; ``StageTimer.peaks_gib``)."""

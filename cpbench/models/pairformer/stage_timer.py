@@ -72,6 +72,12 @@ class StageTimer:
         for open_name in self._open:
             self._peaks[open_name] = max(self._peaks.get(open_name, 0), peak)
 
+    def note_peak(self, peak_b: int) -> None:
+        """Fold a peak the allocator's counter does not see into every open stage: a CUDA graph
+        replay allocates nothing, and holds its capture's peak (``cuda_graphs``)."""
+        for open_name in self._open:
+            self._peaks[open_name] = max(self._peaks.get(open_name, 0), int(peak_b))
+
     def peaks_gib(self) -> dict[str, float]:
         """Peak allocated GiB per stage name (max over its entries); {} on CPU."""
         return {k: v / 2**30 for k, v in self._peaks.items()}
@@ -82,6 +88,45 @@ class StageTimer:
             torch.cuda.synchronize(self.device)
             return {k: sum(a.elapsed_time(b) for a, b in v) for k, v in self._spans.items()}
         return {k: sum(v) * 1e3 for k, v in self._spans.items()}
+
+
+class Laps:
+    """Durations of consecutive spans of one device's work, without stalling its stream.
+
+    On CUDA each ``mark()`` records an event on the current stream (the host runs on, so a
+    span costs no host-device synchronisation and blocks keep overlapping the host's launches);
+    ``ms()`` synchronises once. On a CPU a mark is ``time.perf_counter()``.
+
+    Usage::
+
+        laps = Laps(z.device)
+        laps.mark()
+        for block in blocks:
+            z = block(z)
+            laps.mark()
+        laps.ms()  # one duration per block, ms
+    """
+
+    def __init__(self, device: torch.device | str) -> None:
+        self._cuda = torch.device(device).type == "cuda"
+        self._marks: list = []
+
+    def mark(self) -> None:
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._marks.append(event)
+        else:
+            self._marks.append(time.perf_counter())
+
+    def ms(self) -> list[float]:
+        """Milliseconds between consecutive marks (``len(marks) - 1`` values); synchronises on CUDA."""
+        pairs = list(zip(self._marks, self._marks[1:]))
+        if self._cuda:
+            if self._marks:
+                self._marks[-1].synchronize()
+            return [a.elapsed_time(b) for a, b in pairs]
+        return [(b - a) * 1e3 for a, b in pairs]
 
 
 def maybe_stage(timer: StageTimer | None, name: str) -> contextlib.AbstractContextManager:

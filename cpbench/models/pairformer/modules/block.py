@@ -56,12 +56,13 @@ def agreed_chunks(z: torch.Tensor, layout: Layout) -> contextlib.AbstractContext
     if chunking.budgets_from_shapes(z):
         return comm.agreed()
     budget_b = comm.agree_min(chunking.ample_budget(z), layout, z)
-    return _under_budget(chunking.FreeMemoryBudget(budget_b)) if budget_b else contextlib.nullcontext()
+    return under_budget(chunking.FreeMemoryBudget(budget_b)) if budget_b else contextlib.nullcontext()
 
 
 @contextlib.contextmanager
-def _under_budget(budget_b: int) -> Iterator[None]:
-    """Every op inside reads ``budget_b`` and agrees nothing (every rank holds the same)."""
+def under_budget(budget_b: int) -> Iterator[None]:
+    """Every op inside reads ``budget_b`` and agrees nothing (every rank holds the same): a
+    block's agreed budget, and the frozen budget of a captured block loop (``cuda_graphs``)."""
     with chunking.override_budget(budget_b), comm.agreed():
         yield
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from cpbench.models.pairformer.modules.cuda_graphs import GraphedDenoiser
 from cpbench.models.pairformer.modules.diffusion import DiffusionContext, DiffusionModule
 from cpbench.models.pairformer.parallel import comm
 
@@ -69,7 +70,7 @@ def centre_random_augmentation(x: torch.Tensor, ctx: DiffusionContext, generator
 
 def sample(module: DiffusionModule, ctx: DiffusionContext, steps: int, samples: int, seed: int,
            run_steps: int | None = None, run_blocks: int | None = None,
-           schedule: NoiseSchedule = NoiseSchedule()) -> torch.Tensor:
+           schedule: NoiseSchedule = NoiseSchedule(), graphs: GraphedDenoiser | None = None) -> torch.Tensor:
     """AF3 Alg. 18: ``steps`` denoising steps for ``samples`` samples.
 
     Args:
@@ -78,6 +79,8 @@ def sample(module: DiffusionModule, ctx: DiffusionContext, steps: int, samples: 
         run_steps: stop after this many steps (probe: a step's peak does not depend on how many
             ran before it; the schedule stays that of ``steps``).
         run_blocks: token blocks per denoiser call (probe depth).
+        graphs: with ``model.cuda_graphs``, the denoiser calls replay a CUDA graph from the
+            second on, where graphs apply (``cuda_graphs.GraphedDenoiser``).
     Returns:
         ``[samples, A, 3]`` fp32 coordinates of this rank's atoms.
     """
@@ -89,6 +92,11 @@ def sample(module: DiffusionModule, ctx: DiffusionContext, steps: int, samples: 
     def noise() -> torch.Tensor:  # drawn over the example's real atoms; this rank's, in its slots
         return torch.randn((samples, ctx.n_real, 3), generator=generator, device=device)[:, ctx.real_index] * real
 
+    def denoise(x_noisy: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return module(x_noisy, t, ctx, run_blocks=run_blocks)
+
+    if graphs is not None:
+        denoise = graphs.wrap(denoise, ctx.z_hat, ctx.layout)
     levels = schedule.levels(steps)
     x = levels[0] * noise()
     for k in range(1, (steps if run_steps is None else min(run_steps, steps)) + 1):
@@ -97,6 +105,6 @@ def sample(module: DiffusionModule, ctx: DiffusionContext, steps: int, samples: 
         t_hat = levels[k - 1] * (gamma + 1)
         x_noisy = x + schedule.noise_scale * (t_hat ** 2 - levels[k - 1] ** 2) ** 0.5 * noise()
         t = torch.full((samples,), t_hat, device=device)
-        x_denoised = module(x_noisy, t, ctx, run_blocks=run_blocks)
+        x_denoised = denoise(x_noisy, t)
         x = x_noisy + schedule.step_scale * (levels[k] - t_hat) * (x_noisy - x_denoised) / t_hat
     return x

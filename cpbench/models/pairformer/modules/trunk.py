@@ -14,17 +14,22 @@ from torch import nn
 from cpbench.models.pairformer.layers.embed import InputEmbedder
 from cpbench.models.pairformer.modules.atom_encoder import AtomAttentionEncoder
 from cpbench.models.pairformer.modules.block import PairformerBlock, run_block
+from cpbench.models.pairformer.modules.cuda_graphs import GraphedBlocks
 from cpbench.models.pairformer.modules.msa_module import MsaModule
 from cpbench.models.pairformer.parallel import chunking, comm
 from cpbench.models.pairformer.parallel.layout import Layout
-from cpbench.models.pairformer.stage_timer import StageTimer, maybe_stage, now_s
+from cpbench.models.pairformer.stage_timer import Laps, StageTimer, maybe_stage
 
 
 class PairformerTrunk(nn.Module):
     """``forward(feats, layout, recycles, run_blocks, checkpointing) -> (s, z)``.
 
     After each forward, ``block_comm_bytes`` (bytes this rank sent in each block's forward)
-    and ``block_ms`` (each block's forward time; synchronised on CUDA) describe the last cycle.
+    and ``block_ms`` (each block's forward time: CUDA events, so timing a block does not drain
+    the launch queue; reading it synchronises) describe the last cycle. With ``graphs``
+    (``model.cuda_graphs``: a ``cuda_graphs.GraphedBlocks``) an inference pass replays its blocks
+    as one CUDA graph where that applies; such a pass has no per-block times (``block_ms`` is
+    empty), and its pair lives in the graph's buffer from one forward to the next.
     """
 
     def __init__(self, c_s: int, c_z: int, blocks: int, heads_single: int, heads_tri: int,
@@ -44,7 +49,13 @@ class PairformerTrunk(nn.Module):
         self.blocks = nn.ModuleList(
             PairformerBlock(c_s, c_z, heads_single, heads_tri, head_dim_tri, transition_factor) for _ in range(blocks))
         self.block_comm_bytes: list[int] = []
-        self.block_ms: list[float] = []
+        self._block_laps: Laps | None = None
+        self.graphs: GraphedBlocks | None = None  # model.cuda_graphs: the blocks as a replayed graph
+
+    @property
+    def block_ms(self) -> list[float]:
+        """Each block's forward time (ms) in the last cycle of the last forward; [] before one."""
+        return self._block_laps.ms() if self._block_laps is not None else []
 
     def _recycle(self, s_inputs: torch.Tensor, feats: dict, rows: slice, s: torch.Tensor,
                  z: torch.Tensor, cols: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,7 +98,9 @@ class PairformerTrunk(nn.Module):
             s_inputs = self.embedder.single_inputs(feats) + self.atom_encoder(feats, layout.single_axis())
         self.s_inputs = s_inputs.detach()
         s = s_inputs.new_zeros((rows.stop - rows.start, s_inputs.shape[1]))
-        z = s_inputs.new_zeros((rows.stop - rows.start, cols.stop - cols.start, self.recycle_z.in_features), dtype=dtype)
+        pair_shape = (rows.stop - rows.start, cols.stop - cols.start, self.recycle_z.in_features)
+        z = (self.graphs.pair_buffer(pair_shape, s_inputs, dtype) if self.graphs is not None
+             else s_inputs.new_zeros(pair_shape, dtype=dtype))
         blocks = self.blocks[:run_blocks] if run_blocks is not None else self.blocks
         for cycle in range(recycles + 1):
             last = cycle == recycles
@@ -97,10 +110,27 @@ class PairformerTrunk(nn.Module):
                 if self.msa_module is not None:
                     with maybe_stage(timer, "msa"):
                         z = self.msa_module(feats, s_inputs, z, layout, run_blocks, checkpointing)
-                self.block_comm_bytes, self.block_ms = [], []
-                for block in blocks:
-                    sent_b, start_s = comm.BYTES.sent_b, now_s(z)
-                    s, z = run_block(block, s, z, token_mask, layout, checkpointing=checkpointing)
-                    self.block_comm_bytes.append(comm.BYTES.sent_b - sent_b)
-                    self.block_ms.append((now_s(z) - start_s) * 1e3)
+                self.block_comm_bytes, self._block_laps = [], None
+                replayed = (self.graphs.run(self._run_blocks, blocks, s, z, token_mask, layout)
+                            if self.graphs is not None else None)
+                if replayed is not None:  # one graph: no per-block times; its peak is the capture's
+                    s, z = replayed
+                    if timer is not None:
+                        timer.note_peak(self.graphs.peak_b)
+                    continue
+                self._block_laps = Laps(z.device)
+                self._block_laps.mark()
+                s, z = self._run_blocks(blocks, s, z, token_mask, layout, checkpointing, self._block_laps)
+        return s, z
+
+    def _run_blocks(self, blocks, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor, layout: Layout,
+                    checkpointing: bool = False, laps: Laps | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block loop (eager, or recorded into a CUDA graph, ``cuda_graphs``): ``(s, z)``
+        after ``blocks``; appends each block's sent bytes to ``block_comm_bytes``, marks ``laps``."""
+        for block in blocks:
+            sent_b = comm.BYTES.sent_b
+            s, z = run_block(block, s, z, token_mask, layout, checkpointing=checkpointing)
+            self.block_comm_bytes.append(comm.BYTES.sent_b - sent_b)
+            if laps is not None:
+                laps.mark()
         return s, z
