@@ -52,7 +52,7 @@
 #             (wall vs the GPU's summed kernel time, launches, compiled-region calls, top host ops).
 # CALL graphs: #17, the trunk's blocks replayed as a CUDA graph (model.cuda_graphs=true): first
 #             scripts/graph_parity.py (4 blocks at N=256 and 512, flex and torch, bf16 and fp32:
-#             replay against eager), then the 64-block pass (boltz2, trunk only, cp=1) at N=512
+#             the replayed blocks, and the sampler's replayed denoiser, against eager), then the 64-block pass (boltz2, trunk only, cp=1) at N=512
 #             and 2,048, kernels=auto with graphs, without, and kernels=torch, side by side.
 # CALL graphsamp: #17, the same with sampling (boltz2 defaults: 3 recycles, 200 steps x 5
 #             samples; the denoiser's calls replay from the second of each sampling run), cp=1,

@@ -4,13 +4,20 @@ run eagerly, on one GPU.
     python scripts/graph_parity.py --n 256 512 --blocks 4 --dtypes bf16 fp32 --kernels flex torch \
         --out graph_parity.json
 
-Per backend, dtype and N: the boltz2 trunk (trunk only, ``--blocks`` blocks, weights from seed 0)
-runs two batches (fresh random features) eagerly, the first one twice (the eager run-to-run
-difference: the tolerance, 0 where the kernels are deterministic), then with graphs, three passes
-per forward (recycles=2: the first pass of a shape eager, the second captured and replayed, the
-third replayed) on the same two batches (the second only replays: its features go into the
-graph's static inputs). A line is ok when the replay differs from the eager output by no more
-than two eager runs differ, and the blocks did replay. Prints one JSON line per case and writes
+Per backend, dtype and N, two cases:
+
+* ``blocks``: the boltz2 trunk (trunk only, ``--blocks`` blocks, weights from seed 0) runs two
+  batches (fresh random features) eagerly, the first one twice (the eager run-to-run difference:
+  the tolerance, 0 where the kernels are deterministic), then with graphs, three passes per
+  forward (recycles=2: the first pass of a shape eager, the second captured and replayed, the
+  third replayed) on the same two batches (the second only replays: its features go into the
+  graph's static inputs);
+* ``denoiser``: the same trunk with the diffusion sampler (``--steps`` steps x 2 samples): the
+  sampled coordinates eagerly, twice (the tolerance), then with the denoiser's calls replayed
+  from the second on.
+
+A line is ok when the replay differs from the eager output by no more than two eager runs
+differ, and the graph did replay. Prints one JSON line per case and writes
 ``{"gpu", "torch", "results": [...]}`` to ``--out``. Not a cpbench point: a check of the path
 before it is timed (``scripts/campaign8_h200.sh graphs``).
 """
@@ -25,7 +32,8 @@ import torch
 import torch.distributed as dist
 from one_gpu import one_rank_mesh, trunk_setup
 
-from cpbench.models.pairformer.modules.cuda_graphs import GraphedBlocks
+from cpbench.models.pairformer.modules.cuda_graphs import GraphedBlocks, GraphedDenoiser
+from cpbench.models.pairformer.modules.sampler import sample
 
 
 def forward(model, batch, recycles: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,12 +68,36 @@ def one_case(n: int, blocks: int, kernels: str, dtype: str, mesh, device: torch.
             "eager_run_to_run": tol, "ok": ok}
 
 
+def sampled(model, batch, graphs, seed: int, steps: int) -> torch.Tensor:
+    """The sampler's coordinates ``[2, A, 3]`` after an eager trunk pass (``prepare`` overwrites
+    the pair, so every run recomputes it)."""
+    with torch.no_grad():
+        s, z = model(batch, model.layout, recycles=0)
+        ctx = model.diffusion.prepare(s, z, model.s_inputs, batch, model.layout)
+        return sample(model.diffusion, ctx, steps, 2, seed, graphs=graphs).clone()
+
+
+def denoiser_case(n: int, blocks: int, kernels: str, dtype: str, mesh, device: torch.device, steps: int) -> dict:
+    workflow = dict(msa_blocks=0, recycles=0, sampling=True, sampling_steps=steps, samples=2)
+    _, model, batch = trunk_setup(n, blocks, kernels, mesh, device, dtype=dtype, workflow=workflow)
+    seed = int(time.time_ns()) % 2**31
+    eager, eager2 = sampled(model, batch, None, seed, steps), sampled(model, batch, None, seed, steps)
+    tol = float((eager - eager2).abs().max())
+    graphs = GraphedDenoiser()
+    graphed = sampled(model, batch, graphs, seed, steps)
+    diff = float((graphed - eager).abs().max())
+    return {"what": "graphed denoiser vs eager", "kernels": kernels, "dtype": dtype, "N": n, "blocks": blocks,
+            "steps": steps, "state": graphs.state, "capture_s": round(graphs.capture_s, 3), "peak_b": graphs.peak_b,
+            "max_abs": diff, "eager_run_to_run": tol, "ok": graphs.state == "replay" and diff <= tol}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, nargs="+", default=[256, 512])
     parser.add_argument("--blocks", type=int, default=4)
     parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"])
     parser.add_argument("--kernels", nargs="+", default=["flex", "torch"])
+    parser.add_argument("--steps", type=int, default=6, help="sampler steps of the denoiser case")
     parser.add_argument("--out", default="graph_parity.json")
     parser.add_argument("--port", type=int, default=29521)
     args = parser.parse_args()
@@ -79,15 +111,19 @@ def main() -> None:
         for kernels in args.kernels:
             for dtype in args.dtypes:
                 for n in args.n:
-                    try:
-                        line = one_case(n, args.blocks, kernels, dtype, mesh, device)
-                    except Exception as exc:  # noqa: BLE001 -- one case's failure is a result line
-                        line = {"what": "graphed blocks vs eager", "kernels": kernels, "dtype": dtype, "N": n,
-                                "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-                                "ok": False}
-                    print(json.dumps(line), flush=True)
-                    results.append(line)
-                    torch.cuda.empty_cache()
+                    for what, case in (("graphed blocks vs eager", lambda: one_case(
+                                           n, args.blocks, kernels, dtype, mesh, device)),
+                                       ("graphed denoiser vs eager", lambda: denoiser_case(
+                                           n, args.blocks, kernels, dtype, mesh, device, args.steps))):
+                        try:
+                            line = case()
+                        except Exception as exc:  # noqa: BLE001 -- one case's failure is a result line
+                            line = {"what": what, "kernels": kernels, "dtype": dtype, "N": n,
+                                    "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                                    "ok": False}
+                        print(json.dumps(line), flush=True)
+                        results.append(line)
+                        torch.cuda.empty_cache()
     finally:
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__, "results": results},

@@ -203,6 +203,11 @@ def test_graph_parity_script_compares_replay_with_eager(monkeypatch):
 
     monkeypatch.setattr(graph_parity, "GraphedBlocks", lambda: CpuGraphedBlocks(StaleGraph))
     assert not graph_parity.one_case(16, 1, "torch", "fp32", None, torch.device("cpu"))["ok"]
+    monkeypatch.setattr(graph_parity, "GraphedDenoiser", lambda: CpuGraphedDenoiser(FakeGraph))
+    line = graph_parity.denoiser_case(16, 1, "torch", "fp32", None, torch.device("cpu"), steps=3)
+    assert line["ok"] and line["state"] == "replay" and line["max_abs"] == 0.0
+    monkeypatch.setattr(graph_parity, "GraphedDenoiser", lambda: CpuGraphedDenoiser(StaleGraph))
+    assert not graph_parity.denoiser_case(16, 1, "torch", "fp32", None, torch.device("cpu"), steps=3)["ok"]
     sys.modules.pop("graph_parity", None)
 
 
