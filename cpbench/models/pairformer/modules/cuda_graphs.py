@@ -48,21 +48,43 @@ Pair = tuple[torch.Tensor, torch.Tensor]
 
 class CudaGraph:
     """One ``torch.cuda.CUDAGraph``: ``capture(fn)`` records ``fn()`` without running it and
-    returns its outputs (static tensors of the graph's pool); ``replay()`` runs it."""
+    returns its outputs (static tensors of the graph's pool); ``replay()`` runs it on the current
+    stream.
+
+    The capture runs on a side stream (one per process: captures never overlap) after the caller
+    synchronised the device, as ``torch.cuda.graph`` does, but without its ``empty_cache``: the
+    denoiser captures once per sampling run, and emptying the cache every step would make the
+    next step's allocations go back to ``cudaMalloc``. ``thread_local`` error mode: only this
+    thread's unsafe calls void the capture; the NCCL process group's watchdog thread (a one-rank
+    run has one too) queries its events at any time."""
+
+    _stream: torch.cuda.Stream | None = None
 
     def __init__(self) -> None:
         self.graph = torch.cuda.CUDAGraph()
 
-    def capture(self, fn: Callable[[], Pair]) -> Pair:
-        with torch.cuda.graph(self.graph):
-            return fn()
+    def capture(self, fn: Callable[[], Any]) -> Any:
+        if CudaGraph._stream is None:
+            CudaGraph._stream = torch.cuda.Stream()
+        with torch.cuda.stream(CudaGraph._stream):
+            self.graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                outputs = fn()
+            except BaseException:
+                try:  # end the voided capture; the error that voided it is the one to report
+                    self.graph.capture_end()
+                except RuntimeError:
+                    pass
+                raise
+            self.graph.capture_end()
+        return outputs
 
     def replay(self) -> None:
         self.graph.replay()
 
 
 class CaptureFailed(RuntimeError):
-    """A capture that did not complete: ``reason`` is its error's first line."""
+    """A capture that did not complete; its message is the first line of the error that voided it."""
 
 
 def capture(graph_factory: Callable[[], CudaGraph], fn: Callable[[], Any], budget_b: int,
@@ -71,7 +93,8 @@ def capture(graph_factory: Callable[[], CudaGraph], fn: Callable[[], Any], budge
 
     Returns ``(graph, outputs, seconds, peak_b)``: the graph, ``fn``'s outputs (static tensors of its
     pool), the wall seconds the capture took, and the peak allocated bytes since the caller's last
-    peak reset (CUDA; 0 on a CPU). ``release_cache`` empties the allocator's cache first.
+    peak reset (CUDA; 0 on a CPU). The device is synchronised first (the capture stream then
+    follows everything queued); ``release_cache`` also empties the allocator's cache.
     Raises ``CaptureFailed`` with the error's first line."""
     start_s = time.perf_counter()
     if like.is_cuda:
