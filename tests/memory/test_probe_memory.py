@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from cpbench.harness.memory import MEASURE_CPU
 from cpbench.harness.runner import Runner
 from cpbench.harness.slots import SupervisorGroup, discover_slots
@@ -44,12 +46,14 @@ def test_probe_under_cpu_memory_cap_finds_a_measured_boundary():
     assert fails["status"] == "oom" and "can't allocate memory" in fails["message"]
 
 
-def test_onednn_failure_counts_as_oom_only_under_the_cpu_cap(monkeypatch):
-    """oneDNN says only "could not create a primitive" when its buffers cannot be allocated:
-    an out-of-memory verdict where this process runs under the CPU cap, a bug elsewhere."""
+@pytest.mark.parametrize("message", ["could not create a primitive", "std::bad_alloc"])
+def test_allocation_failures_outside_torch_count_as_oom_only_under_the_cpu_cap(monkeypatch, message):
+    """oneDNN says only "could not create a primitive" when its buffers cannot be allocated, and a
+    C++ ``new`` inside an op only "std::bad_alloc": an out-of-memory verdict where this process
+    runs under the CPU cap, a bug elsewhere."""
     from cpbench.harness import memory
 
-    exc = RuntimeError("could not create a primitive")
+    exc = RuntimeError(message)
     assert not memory.is_oom(exc)
     monkeypatch.setattr(memory, "_cpu_capped", True)
     assert memory.is_oom(exc)
