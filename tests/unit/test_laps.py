@@ -32,8 +32,8 @@ class FakeEvent:
 def test_cpu_laps_give_one_duration_per_span():
     laps = stage_timer.Laps("cpu")
     assert laps.ms() == []
-    laps.mark()
     start = time.perf_counter()
+    laps.mark()
     for pause_s in (0.002, 0.0, 0.004):
         time.sleep(pause_s)
         laps.mark()
