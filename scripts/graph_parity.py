@@ -16,8 +16,11 @@ Per backend, dtype and N, two cases:
   sampled coordinates eagerly, twice (the tolerance), then with the denoiser's calls replayed
   from the second on.
 
-A line is ok when the replay differs from the eager output by no more than two eager runs
-differ, and the graph did replay. Prints one JSON line per case and writes
+A line is ok when the graph did replay and the replay differs from the eager output by at most
+twice what two eager runs of the same input differ by (``TOLERANCE_FACTOR``: the eager kernels
+are not deterministic, atomics in index_add and split reductions, so one eager pair is a single
+sample of that noise; in bf16 both are one or two units in the last place of the largest
+outputs). Prints one JSON line per case and writes
 ``{"gpu", "torch", "results": [...]}`` to ``--out``. Not a cpbench point: a check of the path
 before it is timed (``scripts/campaign8_h200.sh graphs``).
 """
@@ -34,6 +37,8 @@ from one_gpu import one_rank_mesh, trunk_setup
 
 from cpbench.models.pairformer.modules.cuda_graphs import GraphedBlocks, GraphedDenoiser
 from cpbench.models.pairformer.modules.sampler import sample
+
+TOLERANCE_FACTOR = 2.0
 
 
 def forward(model, batch, recycles: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,7 +57,8 @@ def one_case(n: int, blocks: int, kernels: str, dtype: str, mesh, device: torch.
     batch_b = adapter.build_batch(n, 8 * n, 256, mesh, device)
     model.graphs = None
     eager_a, eager_b, eager_a2 = forward(model, batch_a), forward(model, batch_b), forward(model, batch_a)
-    tol = max_abs(eager_a, eager_a2)
+    run_to_run = max_abs(eager_a, eager_a2)
+    tol = {k: TOLERANCE_FACTOR * v for k, v in run_to_run.items()}
     model.graphs = graphs = GraphedBlocks()
     start_s = time.perf_counter()
     graphed_a = forward(model, batch_a)
@@ -65,7 +71,7 @@ def one_case(n: int, blocks: int, kernels: str, dtype: str, mesh, device: torch.
     return {"what": "graphed blocks vs eager", "kernels": kernels, "dtype": dtype, "N": n, "blocks": blocks,
             "state": graphs.state, "capture_s": round(graphs.capture_s, 3), "first_forward_s": round(first_s, 3),
             "peak_b": graphs.peak_b, "max_abs_same_batch": diff_a, "max_abs_new_batch": diff_b,
-            "eager_run_to_run": tol, "ok": ok}
+            "eager_run_to_run": run_to_run, "tolerance": tol, "ok": ok}
 
 
 def sampled(model, batch, graphs, seed: int, steps: int) -> torch.Tensor:
@@ -82,13 +88,15 @@ def denoiser_case(n: int, blocks: int, kernels: str, dtype: str, mesh, device: t
     _, model, batch = trunk_setup(n, blocks, kernels, mesh, device, dtype=dtype, workflow=workflow)
     seed = int(time.time_ns()) % 2**31
     eager, eager2 = sampled(model, batch, None, seed, steps), sampled(model, batch, None, seed, steps)
-    tol = float((eager - eager2).abs().max())
+    run_to_run = float((eager - eager2).abs().max())
+    tol = TOLERANCE_FACTOR * run_to_run
     graphs = GraphedDenoiser()
     graphed = sampled(model, batch, graphs, seed, steps)
     diff = float((graphed - eager).abs().max())
     return {"what": "graphed denoiser vs eager", "kernels": kernels, "dtype": dtype, "N": n, "blocks": blocks,
             "steps": steps, "state": graphs.state, "capture_s": round(graphs.capture_s, 3), "peak_b": graphs.peak_b,
-            "max_abs": diff, "eager_run_to_run": tol, "ok": graphs.state == "replay" and diff <= tol}
+            "max_abs": diff, "eager_run_to_run": run_to_run, "tolerance": tol,
+            "ok": graphs.state == "replay" and diff <= tol}
 
 
 def main() -> None:
@@ -119,7 +127,7 @@ def main() -> None:
                             line = case()
                         except Exception as exc:  # noqa: BLE001 -- one case's failure is a result line
                             line = {"what": what, "kernels": kernels, "dtype": dtype, "N": n,
-                                    "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                                    "error": f"{type(exc).__name__}: {str(exc)[:3000]}",
                                     "ok": False}
                         print(json.dumps(line), flush=True)
                         results.append(line)

@@ -88,8 +88,12 @@ class AtomTransformerBlock(nn.Module):
             wc = chunking.rows_per_chunk(win.count, per_window_b, budget_b)
             for ws in chunking.slices(win.count, wc):
                 part = win.slice(ws)
-                o = self._attend(qh, kv_all, bias[ws], part)
-                attended[part.query[taken[ws]]] = o[taken[ws]]
+                o = self._attend(qh, kv_all, bias[ws], part)  # [w, 32, h, d]
+                # No boolean-mask indexing (a host sync: the sampler's denoiser is captured as a
+                # CUDA graph): untaken slots add exact zeros to slot 0, each real atom gets its
+                # one window's output (0 + x = x, so the sum is exact in any order).
+                o = torch.where(taken[ws][..., None, None], o, 0.0)
+                attended.index_add_(0, part.query.clamp(min=0).reshape(-1), o.reshape(-1, h, d))
             del kv_all
         q = q + self.attention.finish(attended, g, c)
         return q + self.transition(q, c)
