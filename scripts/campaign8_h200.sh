@@ -54,6 +54,7 @@
 #             scripts/graph_parity.py (4 blocks at N=256 and 512, flex and torch, bf16 and fp32:
 #             the replayed blocks, and the sampler's replayed denoiser, against eager), then the 64-block pass (boltz2, trunk only, cp=1) at N=512
 #             and 2,048, kernels=auto with graphs, without, and kernels=torch, side by side.
+# CALL gparity: scripts/graph_parity.py alone (as the first part of CALL graphs).
 # CALL graphsamp: #17, the same with sampling (boltz2 defaults: 3 recycles, 200 steps x 5
 #             samples; the denoiser's calls replay from the second of each sampling run), cp=1,
 #             kernels=auto with graphs and without, at N=512 then 1,024.
@@ -113,6 +114,7 @@ for CALL in $CALLS; do
            point "pass512_cp${cp}_before" 120 $PASS512 cp=$cp timing.timeout_s=150)
         point "pass512_cp${cp}_after" 120 $PASS512 cp=$cp timing.timeout_s=150
       done ;;
+    gparity) script_phase graph_parity python3 scripts/graph_parity.py --n 256 512 --blocks 4 --out "$OUT/graph_parity.json" ;;
     graphs)
       script_phase graph_parity python3 scripts/graph_parity.py --n 256 512 --blocks 4 --out "$OUT/graph_parity.json"
       PASS="model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing cp=1"
