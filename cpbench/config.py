@@ -79,8 +79,8 @@ AUTO_PROBE_VERIFY = {"cuda": True, "cpu": False}
 MIN_WARMUP = 3
 MIN_REPEATS = 5
 
-# The reference trunk's switches that are true or false (a typo such as model.cuda_graphs=yes would
-# otherwise read as true).
+# The reference trunk's switches that are true or false (cuda_graphs also auto, resolved by
+# resolve_point; a typo such as model.cuda_graphs=yes would otherwise read as true).
 PAIRFORMER_FLAGS = ("compile_training", "cuda_graphs")
 
 
@@ -323,9 +323,11 @@ def resolve_point(cfg: DictConfig, overrides: list[str] | None = None) -> Point:
     if model.get("_target_") == PAIRFORMER_TARGET:
         if model.get("kernels") is not None:
             _check_kernels(str(model["kernels"]), device)
+        if model.get("cuda_graphs") == "auto":
+            model["cuda_graphs"] = auto_cuda_graphs(routine, str(model.get("kernels", "auto")), device)
         for flag in PAIRFORMER_FLAGS:
             if flag in model and not isinstance(model[flag], bool):
-                raise ConfigError(f"model.{flag}", model[flag], "true or false")
+                raise ConfigError(f"model.{flag}", model[flag], "true or false" + (" or auto" if flag == "cuda_graphs" else ""))
 
     probe_cfg = data.get("probe") or {}
     timing_cfg = data.get("timing") or {}
@@ -355,6 +357,16 @@ def resolve_point(cfg: DictConfig, overrides: list[str] | None = None) -> Point:
         seed=_int("seed", data.get("seed")), profile=bool(data.get("profile")),
         memory_limit_gib=limit, cuda_alloc_conf=alloc_conf, model=model, probe=probe, timing=timing, input=input_name,
     )
+
+
+def auto_cuda_graphs(routine: str, kernels: str, device: str) -> bool:
+    """``model.cuda_graphs=auto``: replay CUDA graphs (where they apply: inference at cp=1 on CUDA,
+    ``modules/cuda_graphs.py``) in timing points on the fast path, on CUDA. Not in probe points: a probe
+    answers with memory, which graphs do not lower, and its verdicts were measured eager; not
+    under ``model.kernels=torch``, the reference path, timed as it always was. On one H200 the
+    64-block pass at N=512 took 260 ms with graphs against 520 ms without (sampling at N=512:
+    3.9 against 11.8 s), and the same at N=2,048 (``docs/perf_notes.md``, seventeenth session)."""
+    return device == "cuda" and routine == "timing" and kernels != "torch"
 
 
 def auto_limit_gib(device: str, workflow: str) -> float | None:

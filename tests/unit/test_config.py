@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cpbench.config import ConfigError, _probe_settings, check_group_choices, resolve_point, weak_n
+from cpbench.config import ConfigError, _probe_settings, auto_cuda_graphs, check_group_choices, resolve_point, weak_n
 
 from helpers.run import compose_cfg, fault_model, run_cpbench
 
@@ -51,6 +51,28 @@ def test_1d_padding_unit_is_cp():
     assert point.padding_unit == 3 and point.probe.start == 12
     point = resolve_point(compose_cfg("device=cpu", "model=tiny", "cp=3", "probe.start=12", "probe.depth_check_n=4"))
     assert point.probe.depth_check_n == 6  # rounded up to the padding unit like every probe N
+
+
+@pytest.mark.parametrize("routine, kernels, device, graphs", [
+    ("timing", "auto", "cuda", True),    # timing points on the fast path
+    ("timing", "flex", "cuda", True),
+    ("probe", "auto", "cuda", False),    # not in probe points
+    ("timing", "torch", "cuda", False),  # not on the reference path
+    ("timing", "auto", "cpu", False),    # graphs are CUDA's
+])
+def test_cuda_graphs_auto(routine, kernels, device, graphs):
+    assert auto_cuda_graphs(routine, kernels, device) is graphs
+
+
+@pytest.mark.parametrize("overrides, graphs", [
+    (("routine=timing", "N=64"), False),                   # auto on a CPU
+    (("routine=probe", "model.cuda_graphs=true"), True),   # explicit values stay
+    (("routine=timing", "N=64", "model.cuda_graphs=false"), False),
+])
+def test_cuda_graphs_reaches_the_adapter_as_a_bool(overrides, graphs):
+    """``model.cuda_graphs`` defaults to auto (conf/model/pairformer.yaml), resolved per point."""
+    point = resolve_point(compose_cfg("device=cpu", "model=boltz2", *overrides))
+    assert point.model["cuda_graphs"] is graphs
 
 
 @pytest.mark.parametrize("overrides, key", [
