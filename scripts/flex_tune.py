@@ -4,7 +4,7 @@ per ``kernel_options`` (one H200 session's question: the in-model triangle atten
 
     python scripts/flex_tune.py --n 2048 --rows 256 --out flex_tune.json
 
-Prints one JSON line per variant: median ms of 20 calls after 3 warmups, TFLOP/s (4·r·h·N²·d).
+Prints one JSON line per variant: median ms of 20 calls after 3 warmups (``bench_ops.time_ms``), TFLOP/s (4·r·h·N²·d).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import argparse
 import json
 
 import torch
+from bench_ops import time_ms
 from torch.nn.attention.flex_attention import flex_attention
 
 OPTIONS = {
@@ -23,20 +24,6 @@ OPTIONS = {
     "m64_n128_w4_s2": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2},
     "m128_n32_w4_s3": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
 }
-
-
-def timed_ms(fn, reps: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
 
 
 def main() -> None:
@@ -63,7 +50,7 @@ def main() -> None:
             return flex_attention(q, k, v, score_mod=score_mod, kernel_options=opts)
         for layout, qkv in (("strided", strided), ("contiguous", contiguous)):
             try:
-                ms = timed_ms(lambda: run(*qkv, bias))
+                ms = time_ms(lambda: run(*qkv, bias), warmup=3, repeats=20)
                 line = {"options": name, "layout": layout, "ms": round(ms, 3), "tflops": round(flop / ms / 1e9, 1)}
             except Exception as exc:  # noqa: BLE001 -- a config that does not compile is a result
                 line = {"options": name, "layout": layout, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
