@@ -8,6 +8,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 from cpbench.models.pairformer.modules.block import PairformerBlock
+from cpbench.models.pairformer.parallel import chunking
 from cpbench.models.pairformer.parallel.layout import layout_from_mesh, serial_layout
 
 from helpers.dist import run_distributed
@@ -18,6 +19,9 @@ N, C_S, C_Z = 128, 32, 32  # pair tensor 2 MiB at cp=1 (fp32), 0.5 MiB tiles on 
 
 
 def _memory_worker(rank: int, world: int) -> dict:
+    # The rule under test is the budget's quarter of the shard; at this N the CPU floor
+    # (chunking._CPU_FLOOR_BYTES, for speed) would set both layouts' budgets instead.
+    chunking._CPU_FLOOR_BYTES = 64 << 10  # this worker process only
     torch.manual_seed(0)
     block = PairformerBlock(C_S, C_Z, heads_single=2, heads_tri=2, head_dim_tri=8, transition_factor=2)
     mask = torch.rand(N) > 0.1

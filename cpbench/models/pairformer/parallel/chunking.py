@@ -47,7 +47,12 @@ import torch
 _CUDA_FREE_FRACTION = 0.4    # share of the free memory one op's transients may take
 _CUDA_DEVICE_FRACTION = 0.1  # the budget's size term: a tenth of the device memory ...
 _PAIR_FRACTION = 4           # ... or a quarter of the pair shard, whichever is larger (CPU: the latter)
-_CPU_FLOOR_BYTES = 128 << 10  # below this, per-chunk overhead dominates tiny CPU runs
+# Below this, per-chunk overhead dominates tiny CPU runs. 1 MiB (128 KiB until the seventeenth
+# session): a tiny-preset inference step at N=32, cp=2, took 1.79 s with 128 KiB and 0.54 s with
+# 1 MiB on the 2-core CI VM (the MSA module's S=256 row loops ran in chunks of a few rows), and
+# the test suite runs hundreds of such steps. It binds only where the pair shard is under 4 MiB:
+# the CPU quick start's limit (N=640 at cp=2, a 13 MiB shard) is under the quarter-shard rule.
+_CPU_FLOOR_BYTES = 1 << 20
 # A free-memory budget that holds fewer rows than this (or than the op has) means out of memory:
 # one to three rows per chunk is where an op crawls (n_rows chunks, each too small to be fast).
 MIN_ROWS_PER_CHUNK = 4
