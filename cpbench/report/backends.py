@@ -55,13 +55,15 @@ def backends_section(rows: pd.DataFrame, parity: list[dict]) -> str:
         return parts[0] + "\n\nNo point was measured under two backends (`model.kernels`)."
     if not table.empty:
         parts.append("The same point under each `model.kernels` backend (latest ok timing per point and "
-                     "backend); speed-up = the `torch` walltime over the row's.")
-        lines = ["| model | workflow | CP config | N | backend | walltime (ms) | peak (GiB) | speed-up |",
-                 "|---|---|---|---|---|---|---|---|"]
+                     "backend); speed-up = the `torch` walltime over the row's. Rows of one point measured on "
+                     "different dates were not run side by side: compare them with care.")
+        lines = ["| model | workflow | CP config | N | backend | walltime (ms) | peak (GiB) | speed-up | date |",
+                 "|---|---|---|---|---|---|---|---|---|"]
         for _, r in table.iterrows():
             speedup = "" if pd.isna(r["speedup"]) else f"{r['speedup']:.2f}×"
             lines.append(f"| {r['model']} | {r['workflow']} | {r['CP config']} | {int(r['N_tokens']):,} | "
-                         f"{r['kernels']} | {r['walltime (ms)']:,.1f} | {r['peak_mem (GiB)']:.2f} | {speedup} |")
+                         f"{r['kernels']} | {r['walltime (ms)']:,.1f} | {r['peak_mem (GiB)']:.2f} | {speedup} | "
+                         f"{str(r.get('date') or '')[:10]} |")
         parts.append("\n".join(lines))
     if parity:
         parts.append("Deviation from the `torch` path (`scripts/kernel_parity.py`: norm-wise relative error of "

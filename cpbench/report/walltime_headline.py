@@ -25,7 +25,8 @@ DEPTH_SLICE = "model.blocks="  # a label with it times a slice of the trunk, not
 def walltime_lines(rows: pd.DataFrame) -> list[str]:
     """One line per whole-model timing point (model, workflow, CP config, N), e.g.
     ``- boltz2 training, 1d cp=1, N=1,536: 20,811 ms (flex; 2026-12-02; torch 60,416 ms, 2.90×)``
-    (the backend and the date of the figure, the ``torch`` one beside it)."""
+    (the backend and the date of the figure, the ``torch`` one beside it, with its own date where
+    it was measured on another day: that ratio was not taken side by side)."""
     latest = latest_ok_timing(rows)
     if latest.empty:
         return []
@@ -34,11 +35,15 @@ def walltime_lines(rows: pd.DataFrame) -> list[str]:
     latest["kernels"] = latest["kernels"].fillna("") if "kernels" in latest else ""
     lines = []
     for (model, workflow, cp_config, n), point in latest.groupby(TIMING_POINT, sort=False):
-        torch_ms = point.loc[point["kernels"] == "torch", "walltime (ms)"].min()
+        torch_rows = point[point["kernels"] == "torch"]
         best = point.loc[point["walltime (ms)"].idxmin()]
-        detail = [t for t in (best["kernels"], str(best.get("date") or "")[:10]) if t]
-        if best["kernels"] != "torch" and pd.notna(torch_ms):
-            detail.append(f"torch {torch_ms:,.0f} ms, {torch_ms / best['walltime (ms)']:.2f}×")
+        best_day = str(best.get("date") or "")[:10]
+        detail = [t for t in (best["kernels"], best_day) if t]
+        if best["kernels"] != "torch" and not torch_rows.empty:
+            ref = torch_rows.loc[torch_rows["walltime (ms)"].idxmin()]
+            ref_day = str(ref.get("date") or "")[:10]
+            when = f" on {ref_day}" if ref_day and ref_day != best_day else ""  # not side by side: say so
+            detail.append(f"torch {ref['walltime (ms)']:,.0f} ms{when}, {ref['walltime (ms)'] / best['walltime (ms)']:.2f}×")
         lines.append((model, workflow, _cp_order(cp_config), int(n),
                       f"- {model} {workflow}, {cp_config}, N={int(n):,}: {best['walltime (ms)']:,.0f} ms"
                       + (f" ({'; '.join(detail)})" if detail else "")))

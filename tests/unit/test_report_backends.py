@@ -117,3 +117,19 @@ def test_readme_lists_each_whole_model_step_on_its_fastest_backend(tmp_path):
     assert lines == ["- boltz2 inference, 1d cp=1, N=512: 640 ms (torch; 2026-12-01)",
                      "- boltz2 inference, 1d cp=1, N=2,048: 6,000 ms (flex; 2026-12-01; torch 12,000 ms, 2.00×)"], block
     assert "Walltime of one step measured on NVIDIA H200 (2026-12-01, bf16)" in block
+
+
+def test_a_torch_figure_from_another_day_is_dated_where_it_is_compared(tmp_path):
+    """A ratio whose ``torch`` run was not side by side (another day) names that run's date, in the
+    README's walltime line and in the Kernel backends table."""
+    root = tmp_path / "run"
+    write(root, "flex_1024", timing_record(1024, "flex", 1000.0, 5.0, "2026-12-02T05:10:00+00:00"))
+    write(root, "torch_1024", timing_record(1024, "torch", 2500.0, 5.1, "2026-11-30T05:12:00+00:00"))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{README_START}\n{README_END}\n\n{WALLTIME_START}\n{WALLTIME_END}\n")
+    build_report(root, readme=readme)
+    block = readme.read_text().split(WALLTIME_START)[1].split(WALLTIME_END)[0]
+    assert "- boltz2 inference, 1d cp=1, N=1,024: 1,000 ms (flex; 2026-12-02; torch 2,500 ms on 2026-11-30, 2.50×)" in block
+    table = section((root / "cp_benchmark.md").read_text(), "Kernel backends")
+    assert "| 1,024 | torch | 2,500.0 | 5.10 | 1.00× | 2026-11-30 |" in table
+    assert "| 1,024 | flex | 1,000.0 | 5.00 | 2.50× | 2026-12-02 |" in table
