@@ -90,6 +90,9 @@ JobCompType=jobcomp/none
 # finished jobs stay visible to 'scontrol show job' for 10 minutes.
 JobRequeue=1
 KillWait=5
+# A requeued job waits out the job credential's lifetime before it may start again (120 s by
+# default, slurm.conf(5) AuthInfo cred_expire); 30 s still covers a batch step's launch here.
+AuthInfo=cred_expire=30
 MinJobAge=600
 ReturnToService=2
 SlurmctldTimeout=30

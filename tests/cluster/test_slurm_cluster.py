@@ -106,7 +106,7 @@ def _job_state(job_id: str) -> str:
 def _release_requeued(job_id: str) -> bool:
     """SLURM holds a requeued job for about two minutes (BeginTime): start it now. True once it runs again."""
     state = _job_state(job_id)
-    if state == "PENDING":
+    if state not in ("RUNNING", "COMPLETED"):  # PENDING, or still REQUEUED/COMPLETING: ask early, errors are harmless
         subprocess.run(["scontrol", "update", f"jobid={job_id}", "starttime=now"], capture_output=True, timeout=30)
     # The interrupt is asynchronous (submitit requeues from its signal handler): count restarts.
     return _job_field(job_id, "Restarts") not in ("", "0") and state in ("RUNNING", "COMPLETED")
