@@ -79,9 +79,9 @@ AUTO_PROBE_VERIFY = {"cuda": True, "cpu": False}
 MIN_WARMUP = 3
 MIN_REPEATS = 5
 
-# The reference trunk's switches that are true or false (cuda_graphs also auto, resolved by
-# resolve_point; a typo such as model.cuda_graphs=yes would otherwise read as true).
-PAIRFORMER_FLAGS = ("compile_training", "cuda_graphs")
+# The reference trunk's switches and what each allows once resolved (cuda_graphs=auto is resolved
+# by resolve_point first; a typo such as model.cuda_graphs=yes would otherwise read as true).
+PAIRFORMER_FLAGS = {"compile_training": "true or false", "cuda_graphs": "true or false or auto"}
 
 
 class ConfigError(ValueError):
@@ -325,9 +325,9 @@ def resolve_point(cfg: DictConfig, overrides: list[str] | None = None) -> Point:
             _check_kernels(str(model["kernels"]), device)
         if model.get("cuda_graphs") == "auto":
             model["cuda_graphs"] = auto_cuda_graphs(routine, str(model.get("kernels", "auto")), device)
-        for flag in PAIRFORMER_FLAGS:
+        for flag, allowed in PAIRFORMER_FLAGS.items():
             if flag in model and not isinstance(model[flag], bool):
-                raise ConfigError(f"model.{flag}", model[flag], "true or false" + (" or auto" if flag == "cuda_graphs" else ""))
+                raise ConfigError(f"model.{flag}", model[flag], allowed)
 
     probe_cfg = data.get("probe") or {}
     timing_cfg = data.get("timing") or {}

@@ -60,6 +60,7 @@
 #             kernels=auto with graphs and without, at N=512 then 1,024.
 set -u
 CALLS=${1:?call name(s)}
+graph_parity() { script_phase graph_parity python3 scripts/graph_parity.py --n 256 512 --blocks 4 --out "$OUT/graph_parity.json"; }
 source scripts/campaign_lib.sh  # campaign_begin, left, point, probe, script_phase, archive_out, campaign_end
 campaign_begin 570
 TRAIN="model=boltz2 workflow=training routine=timing cp=1"
@@ -114,9 +115,9 @@ for CALL in $CALLS; do
            point "pass512_cp${cp}_before" 120 $PASS512 cp=$cp timing.timeout_s=150)
         point "pass512_cp${cp}_after" 120 $PASS512 cp=$cp timing.timeout_s=150
       done ;;
-    gparity) script_phase graph_parity python3 scripts/graph_parity.py --n 256 512 --blocks 4 --out "$OUT/graph_parity.json" ;;
+    gparity) graph_parity ;;
     graphs)
-      script_phase graph_parity python3 scripts/graph_parity.py --n 256 512 --blocks 4 --out "$OUT/graph_parity.json"
+      graph_parity
       PASS="model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing cp=1"
       for n in 512 2048; do
         point "pass${n}_graphs" 90 $PASS N=$n model.cuda_graphs=true timing.timeout_s=150

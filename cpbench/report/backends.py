@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from cpbench.report.analysis import TIMING_POINT, ok_timing
-from cpbench.report.rows import without_training_path
+from cpbench.report.rows import day_of, without_training_path
 
 PARITY_GLOB = "kernel_parity*.json"
 
@@ -63,7 +63,7 @@ def backends_section(rows: pd.DataFrame, parity: list[dict]) -> str:
             speedup = "" if pd.isna(r["speedup"]) else f"{r['speedup']:.2f}×"
             lines.append(f"| {r['model']} | {r['workflow']} | {r['CP config']} | {int(r['N_tokens']):,} | "
                          f"{r['kernels']} | {r['walltime (ms)']:,.1f} | {r['peak_mem (GiB)']:.2f} | {speedup} | "
-                         f"{str(r.get('date') or '')[:10]} |")
+                         f"{day_of(r.get('date'))} |")
         parts.append("\n".join(lines))
     if parity:
         parts.append("Deviation from the `torch` path (`scripts/kernel_parity.py`: norm-wise relative error of "

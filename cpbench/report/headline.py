@@ -29,6 +29,7 @@ from cpbench.report.analysis import (
     stock_baseline_for,
     stock_baselines,
 )
+from cpbench.report.rows import day_of
 
 README_START = "<!-- headline:start -->"
 README_END = "<!-- headline:end -->"
@@ -196,7 +197,7 @@ def run_context(records: list[dict], headline: list[HeadlineRow], routine: str =
     envs = [r.get("env") or {} for r in probes]
     gpus = sorted({str(e["gpu_model"]) for e in envs if e.get("gpu_model")})
     where = f"on {', '.join(gpus)}" if gpus else "on CPU"
-    dates = sorted({str(e["date"])[:10] for e in envs if e.get("date")})
+    dates = sorted({day_of(e["date"]) for e in envs if e.get("date")})
     details = [dates[0] if len(dates) == 1 else f"{dates[0]} … {dates[-1]}"] if dates else []
     models = sorted({h.model for h in headline})
     if len(models) == 1:

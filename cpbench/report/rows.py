@@ -45,6 +45,11 @@ def model_label(rec: dict) -> str | None:
     return f"{name} [{' '.join(changed)}]" if name and changed else name
 
 
+def day_of(date: object) -> str:
+    """``2026-12-02`` of a result's ``env.date`` (ISO 8601), "" where it has none."""
+    return str(date or "")[:10]
+
+
 def without_training_path(label: str) -> str:
     """``label`` without the compiled-training mark (``boltz2 [model.compile_training=true]`` ->
     ``boltz2``): where the kernel backend is a column of its own, the mark only repeats it (a

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pandas as pd
 
 from cpbench.report.analysis import TIMING_POINT, latest_ok_timing
-from cpbench.report.rows import without_training_path
+from cpbench.report.rows import day_of, without_training_path
 
 WALLTIME_START = "<!-- walltime:start -->"
 WALLTIME_END = "<!-- walltime:end -->"
@@ -37,11 +37,11 @@ def walltime_lines(rows: pd.DataFrame) -> list[str]:
     for (model, workflow, cp_config, n), point in latest.groupby(TIMING_POINT, sort=False):
         torch_rows = point[point["kernels"] == "torch"]
         best = point.loc[point["walltime (ms)"].idxmin()]
-        best_day = str(best.get("date") or "")[:10]
+        best_day = day_of(best.get("date"))
         detail = [t for t in (best["kernels"], best_day) if t]
         if best["kernels"] != "torch" and not torch_rows.empty:
             ref = torch_rows.loc[torch_rows["walltime (ms)"].idxmin()]
-            ref_day = str(ref.get("date") or "")[:10]
+            ref_day = day_of(ref.get("date"))
             when = f" on {ref_day}" if ref_day and ref_day != best_day else ""  # not side by side: say so
             detail.append(f"torch {ref['walltime (ms)']:,.0f} ms{when}, {ref['walltime (ms)'] / best['walltime (ms)']:.2f}×")
         lines.append((model, workflow, _cp_order(cp_config), int(n),
