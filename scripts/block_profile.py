@@ -7,7 +7,8 @@ bf16, runs it as the trunk does (serial layout, no autograd; each op on the rows
 gives it), and times every op (synchronized wall clock): ``--warmup`` untimed blocks (the compile of the
 ``flex`` regions happens there), then the median of ``--repeats`` timed blocks. Prints one JSON
 line per backend, ``{"kernels", "N", "op_ms": {op: median ms}, "block_ms", "peak_gib"}``, and
-writes them all to ``--out``.
+writes them all to ``--out``. With ``--kernel-rows K`` one more block runs under torch.profiler
+and each op's row also gets ``kernels``: its K longest GPU kernels (name, calls, total ms).
 """
 
 from __future__ import annotations
@@ -33,7 +34,26 @@ def _now_ms(dev: torch.device) -> float:
     return time.perf_counter() * 1e3
 
 
-def profile_block(n_tokens: int, backend: str, warmup: int, repeats: int, device: str = "cuda") -> dict:
+def _kernel_table(ops: list, s: torch.Tensor, z: torch.Tensor, rows: int) -> dict[str, list]:
+    """One more block under torch.profiler: each op's ``rows`` longest GPU kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    table = {}
+    for name, op in ops:
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            s, z = op(s, z)
+            torch.cuda.synchronize()
+        events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+        events.sort(key=lambda e: -e.device_time_total)
+        total_ms = sum(e.device_time_total for e in events) / 1e3
+        table[name] = {"gpu_ms": round(total_ms, 3),
+                       "top": [[e.key[:90], e.count, round(e.device_time_total / 1e3, 3)] for e in events[:rows]]}
+    return table
+
+
+def profile_block(n_tokens: int, backend: str, warmup: int, repeats: int, device: str = "cuda",
+                  kernel_rows: int = 0) -> dict:
     """Median ms per op of one block at ``n_tokens`` under ``backend`` (see the module docstring)."""
     dev = torch.device(device)
     kernels.select(backend, dev)
@@ -63,8 +83,9 @@ def profile_block(n_tokens: int, backend: str, warmup: int, repeats: int, device
                 s, z = op(s, z)
                 if rep >= warmup:
                     times[name].append(_now_ms(dev) - start_ms)
+        table = _kernel_table(ops, s, z, kernel_rows) if kernel_rows and cuda else None
     op_ms = {name: round(statistics.median(t), 3) for name, t in times.items()}
-    return {"kernels": backend, "N": n_tokens, "op_ms": op_ms, "block_ms": round(sum(op_ms.values()), 3),
+    return {"kernel_table": table, "kernels": backend, "N": n_tokens, "op_ms": op_ms, "block_ms": round(sum(op_ms.values()), 3),
             "peak_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 3) if cuda else None,
             "compile_s": round(kernels.compile_seconds(), 1)}
 
@@ -76,11 +97,12 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--kernel-rows", type=int, default=0)
     p.add_argument("--out", default=None)
     args = p.parse_args()
     rows = []
     for backend in args.kernels:
-        row = profile_block(args.n, backend, args.warmup, args.repeats, args.device)
+        row = profile_block(args.n, backend, args.warmup, args.repeats, args.device, args.kernel_rows)
         print(json.dumps(row), flush=True)
         rows.append(row)
     if args.out:

@@ -58,6 +58,9 @@
 # CALL graphsamp: #17, the same with sampling (boltz2 defaults: 3 recycles, 200 steps x 5
 #             samples; the denoiser's calls replay from the second of each sampling run), cp=1,
 #             kernels=auto with graphs and without, at N=512 then 1,024.
+# CALL bprof: #17, where one flex block's time goes at N=2,048 (scripts/block_profile.py with each
+#             op's longest kernels), as is, then under inductor's coordinate-descent tuning and
+#             under max-autotune (each a fresh process; BPROF_VARIANTS picks which).
 set -u
 CALLS=${1:?call name(s)}
 graph_parity() { script_phase graph_parity python3 scripts/graph_parity.py --n 256 512 --blocks 4 --out "$OUT/graph_parity.json"; }
@@ -128,6 +131,16 @@ for CALL in $CALLS; do
       for n in 512 1024; do
         point "samp${n}_graphs" 100 model=boltz2 routine=timing cp=1 N=$n model.cuda_graphs=true timing.timeout_s=200
         point "samp${n}_flex" 100 model=boltz2 routine=timing cp=1 N=$n timing.timeout_s=200
+      done ;;
+    bprof)
+      for v in ${BPROF_VARIANTS:-plain cdt autotune}; do
+        case $v in
+          plain) envs="" ;;
+          cdt) envs="TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1" ;;
+          autotune) envs="TORCHINDUCTOR_MAX_AUTOTUNE=1" ;;
+        esac
+        script_phase "bprof_$v" env $envs python3 scripts/block_profile.py --n 2048 --kernels flex \
+          --kernel-rows 12 --out "$OUT/bprof_$v.json" | cut -c1-300
       done ;;
     *) echo "unknown call $CALL"; exit 2 ;;
   esac
