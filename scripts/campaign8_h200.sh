@@ -61,9 +61,26 @@
 # CALL bprof: #17, where one flex block's time goes at N=2,048 (scripts/block_profile.py with each
 #             op's longest kernels), as is, then under inductor's coordinate-descent tuning and
 #             under max-autotune (each a fresh process; BPROF_VARIANTS picks which).
+# CALL fastpass: #17, the 64-block pass at N=2,048 (boltz2, trunk only, cp=1) after the in-place
+#             fused passes: the block profile (bprof plain), then kernels=auto, the same under
+#             inductor's coordinate-descent tuning, and kernels=torch, side by side.
 set -u
 CALLS=${1:?call name(s)}
 graph_parity() { script_phase graph_parity python3 scripts/graph_parity.py --n 256 512 --blocks 4 --out "$OUT/graph_parity.json"; }
+# bprof VARIANT...: scripts/block_profile.py at N=2,048, flex, with each op's longest kernels, in a
+# fresh process per variant: plain, cdt (coordinate-descent tuning), autotune (max-autotune).
+bprof() {
+  local v envs
+  for v in "$@"; do
+    case $v in
+      plain) envs="" ;;
+      cdt) envs="TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1" ;;
+      autotune) envs="TORCHINDUCTOR_MAX_AUTOTUNE=1" ;;
+    esac
+    script_phase "bprof_$v" env $envs python3 scripts/block_profile.py --n 2048 --kernels flex \
+      --kernel-rows 12 --out "$OUT/bprof_$v.json" | cut -c1-300
+  done
+}
 source scripts/campaign_lib.sh  # campaign_begin, left, point, probe, script_phase, archive_out, campaign_end
 campaign_begin 570
 TRAIN="model=boltz2 workflow=training routine=timing cp=1"
@@ -132,16 +149,13 @@ for CALL in $CALLS; do
         point "samp${n}_graphs" 100 model=boltz2 routine=timing cp=1 N=$n model.cuda_graphs=true timing.timeout_s=200
         point "samp${n}_flex" 100 model=boltz2 routine=timing cp=1 N=$n timing.timeout_s=200
       done ;;
-    bprof)
-      for v in ${BPROF_VARIANTS:-plain cdt autotune}; do
-        case $v in
-          plain) envs="" ;;
-          cdt) envs="TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1" ;;
-          autotune) envs="TORCHINDUCTOR_MAX_AUTOTUNE=1" ;;
-        esac
-        script_phase "bprof_$v" env $envs python3 scripts/block_profile.py --n 2048 --kernels flex \
-          --kernel-rows 12 --out "$OUT/bprof_$v.json" | cut -c1-300
-      done ;;
+    bprof) bprof ${BPROF_VARIANTS:-plain cdt autotune} ;;
+    fastpass)
+      bprof plain
+      PASS="model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing cp=1"
+      point pass2048_flex 90 $PASS N=2048 timing.timeout_s=150
+      TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 point pass2048_flex_cdt 90 $PASS N=2048 timing.timeout_s=150
+      point pass2048_torch 90 $PASS N=2048 model.kernels=torch timing.timeout_s=$(( $(left) - 15 < 170 ? $(left) - 15 : 170 )) ;;
     *) echo "unknown call $CALL"; exit 2 ;;
   esac
 done

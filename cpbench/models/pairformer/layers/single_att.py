@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cpbench.models.pairformer.ops.fused import norm_linear
 from cpbench.models.pairformer.ops.pair_bias_attention_2d import attention_pair_bias_2d
 from cpbench.models.pairformer.parallel import chunking, comm
 from cpbench.models.pairformer.parallel.layout import TWO_D, Layout
@@ -47,7 +48,7 @@ class AttentionPairBias(nn.Module):
         bias = z.new_empty((n_local, n_pad, self.heads))
         rc = chunking.rows_per_chunk(n_local, n_pad * 2 * c_z * z.element_size(), chunking.budget_bytes(z))
         for rs in chunking.slices(n_local, rc):
-            bias[rs] = self.bias_proj(self.norm_z(z[rs]))
+            bias[rs] = norm_linear(z[rs], self.norm_z.weight, None, self.bias_proj.weight)  # compiled under flex
         return bias
 
     def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor, layout: Layout) -> torch.Tensor:

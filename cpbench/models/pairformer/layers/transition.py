@@ -27,8 +27,9 @@ class Transition(nn.Module):
         self.proj_in = nn.Linear(c, 2 * factor * c, bias=False)
         self.proj_out = nn.Linear(factor * c, c, bias=False)
 
-    def _update(self, x: torch.Tensor) -> torch.Tensor:
-        return swiglu_transition(x, self.norm.weight, self.norm.bias, self.proj_in.weight, self.proj_out.weight)
+    def _update(self, x: torch.Tensor, residual: bool = False) -> torch.Tensor:
+        return swiglu_transition(x, self.norm.weight, self.norm.bias, self.proj_in.weight, self.proj_out.weight,
+                                 residual)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         per_row_b = x[0].numel() * x.element_size() * (2 + 3 * self.proj_out.in_features // x.shape[-1])
@@ -41,5 +42,5 @@ class Transition(nn.Module):
             return x + torch.cat([checkpoint(self._update, x[rs], use_reentrant=False)
                                   for rs in chunking.slices(x.shape[0], rc)])
         for rs in chunking.slices(x.shape[0], rc):
-            x[rs] += self._update(x[rs])
+            self._update(x[rs], residual=True)  # x[rs] += update
         return x

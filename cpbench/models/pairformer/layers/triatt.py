@@ -62,13 +62,15 @@ class TriangleAttention(nn.Module):
     def _norm_linear(self, z: torch.Tensor, proj: nn.Linear) -> torch.Tensor:
         return norm_linear(z, self.norm.weight, self.norm.bias, proj.weight)
 
-    def _attend(self, z_rows: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """Rows ``z_rows: [r, N, c_z]``, ``bias: [heads, N, N]`` -> update ``[r, N, c_z]``."""
+    def _attend(self, z_rows: torch.Tensor, bias: torch.Tensor, residual: bool = False) -> torch.Tensor:
+        """Rows ``z_rows: [r, N, c_z]``, ``bias: [heads, N, N]`` -> update ``[r, N, c_z]``; with
+        ``residual``, ``z_rows += update`` in place and ``z_rows`` returned."""
         r, n_pad, _ = z_rows.shape
         h, d = self.heads, self.head_dim
         q, k, v, g = self._norm_linear(z_rows, self.qkvg).view(r, n_pad, 4, h, d).unbind(2)
         o = biased_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bias)
-        return gated_output(o.transpose(1, 2).reshape(r, n_pad, h * d), g.reshape(r, n_pad, h * d), self.out.weight)
+        return gated_output(o.transpose(1, 2).reshape(r, n_pad, h * d), g.reshape(r, n_pad, h * d), self.out.weight,
+                            z_rows if residual else None)
 
     def forward(self, z: torch.Tensor, token_mask: torch.Tensor, layout: Layout) -> torch.Tensor:
         """Args: ``z: [N/P, N, c_z]``, ``token_mask: [N]`` bool. Returns ``[N/P, N, c_z]``."""
@@ -95,5 +97,5 @@ class TriangleAttention(nn.Module):
         per_row = n_pad * (2 * c_z + 6 * h * d) + (0 if z.is_cuda else 2 * h * n_pad)
         rc = chunking.rows_per_chunk(n_local, per_row * z.element_size(), chunking.budget_bytes(z))
         for rs in chunking.slices(n_local, rc):
-            z[rs] += self._attend(z[rs], bias)
+            self._attend(z[rs], bias, residual=True)  # z[rs] += update
         return z

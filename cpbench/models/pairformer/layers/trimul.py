@@ -44,9 +44,10 @@ class TriangleMultiplication(nn.Module):
         self.proj_out = nn.Linear(c_z, c_z, bias=False)
         self.gate_out = nn.Linear(c_z, c_z, bias=False)
 
-    def _operands(self, z: torch.Tensor, mask: torch.Tensor, cs: slice) -> tuple[torch.Tensor, torch.Tensor]:
+    def _operands(self, z: torch.Tensor, mask: torch.Tensor, cs: slice,
+                  out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Channels ``cs`` of the gated, masked (left, right) operands of rows ``z: [r, N, c_z]``
-        (LayerNorm inside), each ``[len(cs), r, N]``."""
+        (LayerNorm inside), each ``[len(cs), r, N]``; written into ``out`` (left, right) when given."""
         c = self.proj_in.out_features // 2
         a_idx, b_idx = slice(cs.start, cs.stop), slice(c + cs.start, c + cs.stop)
         w = torch.cat([self.proj_in.weight[a_idx], self.proj_in.weight[b_idx],
@@ -54,13 +55,15 @@ class TriangleMultiplication(nn.Module):
         # Channel-first projection, ``[4k, r*N] = W @ zn^T``: the operands come out in the
         # ``[k, r, N]`` layout the product batches over. (Projecting to ``[r, N, 4k]`` and
         # permuting cost a transposing copy that took half of the op's GPU time.)
-        a, b = triangle_operands(z, self.norm_in.weight, self.norm_in.bias, w, mask[..., 0])
+        a_out, b_out = (None, None) if out is None else (out[::-1] if self.incoming else out)
+        a, b = triangle_operands(z, self.norm_in.weight, self.norm_in.bias, w, mask[..., 0], a_out, b_out)
         return (b, a) if self.incoming else (a, b)
 
-    def _update(self, x_rows: torch.Tensor, z_rows: torch.Tensor) -> torch.Tensor:
-        """Output stage for rows: ``x_rows: [r, N, c]``, ``z_rows: [r, N, c_z]`` -> ``[r, N, c_z]``."""
+    def _update(self, x_rows: torch.Tensor, z_rows: torch.Tensor, residual: bool = False) -> torch.Tensor:
+        """Output stage for rows: ``x_rows: [r, N, c]``, ``z_rows: [r, N, c_z]`` -> ``[r, N, c_z]``;
+        with ``residual``, ``z_rows += update`` in place and ``z_rows`` returned."""
         return triangle_update(x_rows, z_rows, self.norm_out.weight, self.norm_out.bias, self.norm_in.weight,
-                               self.norm_in.bias, self.proj_out.weight, self.gate_out.weight)
+                               self.norm_in.bias, self.proj_out.weight, self.gate_out.weight, residual)
 
     def forward(self, z: torch.Tensor, token_mask: torch.Tensor, layout: Layout) -> torch.Tensor:
         """Args: ``z: [N/P, N, c_z]``, ``token_mask: [N]`` bool. Returns ``[N/P, N, c_z]``."""
@@ -138,10 +141,10 @@ class TriangleMultiplication(nn.Module):
                 right = torch.empty_like(left)
             rc = chunking.rows_per_chunk(n_local, self._operand_row_bytes(n_pad, c_z, k, es), budget_b // 2)
             for rs in chunking.slices(n_local, rc):
-                left[:, rs], right[:, rs] = self._operands(z[rs], mask[rs], cs)
+                self._operands(z[rs], mask[rs], cs, out=(left[:, rs], right[:, rs]))
             triangle_product(left, right, layout, out=x[cs])
             del left, right
         rc = chunking.rows_per_chunk(n_local, n_pad * 6 * c_z * es, budget_b)
         for rs in chunking.slices(n_local, rc):
-            z[rs] += self._update(x[:, rs].permute(1, 2, 0), z[rs])
+            self._update(x[:, rs].permute(1, 2, 0), z[rs], residual=True)  # z[rs] += update
         return z

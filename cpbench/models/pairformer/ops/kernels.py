@@ -137,7 +137,8 @@ def compiled(fn: Callable) -> Callable:
 
     The compiled function is built lazily (at its first CUDA call under ``flex``), and the time
     of each first call per input signature (dtypes and shapes) counts as compile time (the
-    backward graphs' compiles and any recompiles count through ``compile_seconds``' metrics).
+    backward graphs' compiles and any recompiles count through ``compile_seconds``' metrics); the
+    signature includes the other arguments (``None`` or a buffer, a ``residual`` flag).
     """
     state: dict = {"fn": None, "seen": set()}
 
@@ -151,7 +152,8 @@ def compiled(fn: Callable) -> Callable:
             # only flex on CUDA compiles (a worker starts for every probe point)
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
             state["fn"] = torch.compile(fn, dynamic=False)
-        key = tuple((a.dtype, tuple(a.shape)) for a in args if isinstance(a, torch.Tensor))
+        key = tuple((a.dtype, tuple(a.shape)) if isinstance(a, torch.Tensor) else a
+                    for a in (*args, *(kwargs[k] for k in sorted(kwargs))))
         if key in state["seen"]:
             return state["fn"](*args, **kwargs)
         global _compile_s
