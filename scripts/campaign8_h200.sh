@@ -64,6 +64,10 @@
 # CALL fastpass: #17, the 64-block pass at N=2,048 (boltz2, trunk only, cp=1) after the in-place
 #             fused passes: the block profile (bprof plain), then kernels=auto, the same under
 #             inductor's coordinate-descent tuning, and kernels=torch, side by side.
+# CALL verify: after the in-place fused passes: scripts/kernel_parity.py (flex vs torch, N=256),
+#             scripts/graph_parity.py, the 64-block pass at N=512 with kernels=auto (graphs) and
+#             kernels=torch side by side, then one non-lean trunk-only probe point at N=16,000 with
+#             kernels=auto (max N not worse; bisect strategy, after the depth check at N=1,024).
 set -u
 CALLS=${1:?call name(s)}
 graph_parity() { script_phase graph_parity python3 scripts/graph_parity.py --n 256 512 --blocks 4 --out "$OUT/graph_parity.json"; }
@@ -156,6 +160,15 @@ for CALL in $CALLS; do
       point pass2048_flex 90 $PASS N=2048 timing.timeout_s=150
       TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 point pass2048_flex_cdt 90 $PASS N=2048 timing.timeout_s=150
       point pass2048_torch 90 $PASS N=2048 model.kernels=torch timing.timeout_s=$(( $(left) - 15 < 170 ? $(left) - 15 : 170 )) ;;
+    verify)
+      script_phase kernel_parity timeout 200 python3 scripts/kernel_parity.py --n 256 --out "$OUT/kernel_parity.json"
+      graph_parity
+      PASS="model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing cp=1"
+      point pass512_auto 60 $PASS N=512 timing.timeout_s=100
+      point pass512_torch 60 $PASS N=512 model.kernels=torch timing.timeout_s=100
+      probe fit16000_auto model=boltz2 workflow.sampling=false workflow.recycles=0 routine=probe cp=1 \
+        probe.strategy=bisect probe.start=16000 probe.depth=1 probe.depth_check_n=1024 probe.max_points=2 \
+        probe.budget_s=20 probe.verify=false probe.timeout_s=$(( $(left) - 30 )) ;;
     *) echo "unknown call $CALL"; exit 2 ;;
   esac
 done
