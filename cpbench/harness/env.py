@@ -20,6 +20,11 @@ python, torch, cuda, nccl, git_commit):
     node_shared          true when any other process uses a visible GPU
     ecc_enabled          ECC mode of each visible GPU
     cpu_model, cpu_count the host CPU (always; the whole story on a CPU run)
+
+and, from ``base_env_metadata()``, ``tuning_env``: the environment variables that change which
+kernels run or how memory is managed (``TUNING_ENV_PREFIXES``: inductor's settings such as
+``TORCHINDUCTOR_COORDINATE_DESCENT_TUNING``, ``PYTORCH_CUDA_ALLOC_CONF``, NCCL's), so that a run
+made under a setting outside cpbench's config says so.
 """
 
 from __future__ import annotations
@@ -41,6 +46,13 @@ _HELD_CLOCK_REASONS = 0x2
 
 
 GIT_COMMIT_ENV = "CPBENCH_GIT_COMMIT"
+TUNING_ENV_PREFIXES = ("TORCHINDUCTOR_", "TORCH_COMPILE", "TORCHDYNAMO_", "PYTORCH_", "NCCL_", "CUBLAS_",
+                       "CUDNN_", "CUDA_LAUNCH_BLOCKING", "TRITON_")
+
+
+def tuning_env() -> dict[str, str]:
+    """The set environment variables named by ``TUNING_ENV_PREFIXES`` (sorted by name)."""
+    return {k: os.environ[k] for k in sorted(os.environ) if k.startswith(TUNING_ENV_PREFIXES)}
 
 
 def git_commit(repo_dir: str | os.PathLike | None = None) -> str | None:
@@ -80,6 +92,7 @@ def base_env_metadata() -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "nccl": None,
         "git_commit": git_commit(),
+        "tuning_env": tuning_env(),
     }
     if torch.cuda.is_available():
         try:

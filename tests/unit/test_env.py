@@ -65,6 +65,16 @@ def test_cpu_metadata_has_versions_cpu_model_and_cores():
     assert env["device"] == "cpu" and env["cpu_count"] >= 1 and "gpu_model" not in env
 
 
+def test_tuning_env_records_kernel_settings_only(monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", "1")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    monkeypatch.setenv("CPBENCH_UNRELATED_SETTING", "x")
+    tuning = env_mod.env_metadata("cpu")["tuning_env"]
+    assert tuning["TORCHINDUCTOR_COORDINATE_DESCENT_TUNING"] == "1"
+    assert tuning["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert "CPBENCH_UNRELATED_SETTING" not in tuning
+
+
 def test_cuda_metadata_without_nvml_is_null_not_an_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails as on a CPU machine
     env = env_mod.env_metadata("cuda")
