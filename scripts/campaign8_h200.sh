@@ -68,6 +68,7 @@
 #             scripts/graph_parity.py, the 64-block pass at N=512 with kernels=auto (graphs) and
 #             kernels=torch side by side, then one non-lean trunk-only probe point at N=16,000 with
 #             kernels=auto (max N not worse; bisect strategy, after the depth check at N=1,024).
+# CALL fitauto: that probe point alone.
 set -u
 CALLS=${1:?call name(s)}
 graph_parity() { script_phase graph_parity python3 scripts/graph_parity.py --n 256 512 --blocks 4 --out "$OUT/graph_parity.json"; }
@@ -84,6 +85,14 @@ bprof() {
     script_phase "bprof_$v" env $envs python3 scripts/block_profile.py --n 2048 --kernels flex \
       --kernel-rows 12 --out "$OUT/bprof_$v.json" | cut -c1-300
   done
+}
+# fitauto: one non-lean trunk-only probe point at N=16,000, kernels=auto, after the depth check at
+# N=1,024 (probe.budget_s=120: with 20 the check's 13 s point plus its process start used it up in
+# this session's call v, and the probe stopped after the check).
+fitauto() {
+  probe fit16000_auto model=boltz2 workflow.sampling=false workflow.recycles=0 routine=probe cp=1 \
+    probe.strategy=bisect probe.start=16000 probe.depth=1 probe.depth_check_n=1024 probe.max_points=2 \
+    probe.budget_s=120 probe.verify=false probe.timeout_s=$(( $(left) - 30 ))
 }
 source scripts/campaign_lib.sh  # campaign_begin, left, point, probe, script_phase, archive_out, campaign_end
 campaign_begin 570
@@ -166,9 +175,8 @@ for CALL in $CALLS; do
       PASS="model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing cp=1"
       point pass512_auto 60 $PASS N=512 timing.timeout_s=100
       point pass512_torch 60 $PASS N=512 model.kernels=torch timing.timeout_s=100
-      probe fit16000_auto model=boltz2 workflow.sampling=false workflow.recycles=0 routine=probe cp=1 \
-        probe.strategy=bisect probe.start=16000 probe.depth=1 probe.depth_check_n=1024 probe.max_points=2 \
-        probe.budget_s=20 probe.verify=false probe.timeout_s=$(( $(left) - 30 )) ;;
+      fitauto ;;
+    fitauto) fitauto ;;
     *) echo "unknown call $CALL"; exit 2 ;;
   esac
 done
