@@ -47,8 +47,12 @@ class AttentionPairBias(nn.Module):
         n_local, n_pad, c_z = z.shape
         bias = z.new_empty((n_local, n_pad, self.heads))
         rc = chunking.rows_per_chunk(n_local, n_pad * 2 * c_z * z.element_size(), chunking.budget_bytes(z))
+        fused = not chunking.near_limit(z)  # compiled under flex
         for rs in chunking.slices(n_local, rc):
-            bias[rs] = norm_linear(z[rs], self.norm_z.weight, None, self.bias_proj.weight)  # compiled under flex
+            if fused:
+                bias[rs] = norm_linear(z[rs], self.norm_z.weight, None, self.bias_proj.weight)
+            else:
+                bias[rs] = self.bias_proj(self.norm_z(z[rs]))
         return bias
 
     def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor, layout: Layout) -> torch.Tensor:
