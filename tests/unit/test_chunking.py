@@ -209,3 +209,25 @@ def test_lean_overridden_and_cpu_budgets_have_no_ample_block_budget(monkeypatch)
         assert chunking.ample_budget(_CudaPair(GIB)) == 0
     assert chunking.ample_budget(torch.zeros(8, 8, 4)) == 0
     assert chunking.budgets_from_shapes(torch.zeros(8, 8, 4)) and not chunking.budgets_from_shapes(_CudaPair(GIB))
+
+
+@pytest.mark.parametrize("budget_b", [None, 24 * 24 * 16 * 4 // 3])  # whole ops; chunks of a few rows
+def test_the_in_place_lean_paths_match_the_eager_adds_and_copies_used_near_the_limit(monkeypatch, budget_b):
+    """Away from the limit the lean ops add and store through the fused passes (``residual``,
+    ``out``); near it (``chunking.near_limit``) they keep the eager ``+=`` and copies. The same
+    ops in another order of writes: one block, serial, fresh random input, equal to the bit."""
+    from cpbench.models.pairformer.modules.block import PairformerBlock
+    from cpbench.models.pairformer.parallel.layout import serial_layout
+
+    torch.seed()  # fresh random weights and inputs
+    block = PairformerBlock(c_s=32, c_z=16, heads_single=4, heads_tri=2, head_dim_tri=8, transition_factor=2)
+    s0, z0 = torch.randn(24, 32), torch.randn(24, 24, 16)
+    mask = torch.ones(24, dtype=torch.bool)
+    mask[-5:] = False
+    outs = {}
+    for near in (False, True):
+        monkeypatch.setattr(chunking, "near_limit", lambda pair, near=near: near)
+        with torch.no_grad(), chunking.override_budget(budget_b):
+            outs[near] = block(s0.clone(), z0.clone(), mask, serial_layout())
+    assert torch.equal(outs[False][0], outs[True][0]) and torch.equal(outs[False][1], outs[True][1])
+    assert not torch.equal(outs[False][1], z0)  # the block did update z
