@@ -11,7 +11,8 @@ The lean (no-autograd) paths write in place: with ``residual=True`` a function a
 its input and returns it, and ``triangle_operands`` can write into given buffers. Compiled, the
 add or the store is part of the last Triton pass (one pass fewer over z than an eager ``+=`` or
 copy afterwards, and a strided store, where the eager add on a transposed view of z, as the
-serial layout's Z^T ops get it, ran at a third of the contiguous add's speed on one H200).
+serial layout's Z^T ops get it, ran at less than half the contiguous add's speed on one H200).
+Near the memory limit (``chunking.near_limit``) the layers keep the eager add and copy.
 """
 
 from __future__ import annotations
