@@ -95,9 +95,10 @@ def near_limit(pair: torch.Tensor) -> bool:
     """Whether an op over ``pair`` (this rank's pair shard) reads its own budget from free memory:
     a CUDA op outside a block's agreed ample budget, a lean budget or an override, i.e. near the
     memory limit. The lean paths keep their eager in-place adds and copies there
-    (``ops/fused.py``): in the seventeenth session's last call the compiled in-place passes ran
-    out of device memory (a CUDA error, not the allocator's) at N=16,000, where the flex path had
-    fit up to 16,727 before; away from the limit they are what brought the N=2,048 pass under 6 s."""
+    (``ops/fused.py``): on one H200 the compiled in-place passes ran out of device memory (a CUDA
+    error, not the allocator's) at N=16,000, where the flex path had fit up to 16,727 before; away
+    from the limit they are what brought the N=2,048 pass under 6 s (docs/perf_notes.md,
+    "Eighteenth session")."""
     return pair.is_cuda and _override_bytes is None and not _lean
 
 
