@@ -41,10 +41,6 @@ class Transition(nn.Module):
             # recomputed in backward instead of being kept for the whole pair tensor.
             return x + torch.cat([checkpoint(self._update, x[rs], use_reentrant=False)
                                   for rs in chunking.slices(x.shape[0], rc)])
-        in_place = not chunking.near_limit(x)  # the compiled pass adds into x
         for rs in chunking.slices(x.shape[0], rc):
-            if in_place:
-                self._update(x[rs], residual=True)  # x[rs] += update
-            else:
-                x[rs] += self._update(x[rs])
+            self._update(x[rs], residual=True)  # x[rs] += update
         return x

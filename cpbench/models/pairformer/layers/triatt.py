@@ -96,10 +96,6 @@ class TriangleAttention(nn.Module):
         # Per row: normed z, q/k/v/g, output; the unfused CPU kernel also holds the logits.
         per_row = n_pad * (2 * c_z + 6 * h * d) + (0 if z.is_cuda else 2 * h * n_pad)
         rc = chunking.rows_per_chunk(n_local, per_row * z.element_size(), chunking.budget_bytes(z))
-        in_place = not chunking.near_limit(z)  # the compiled output pass adds into z
         for rs in chunking.slices(n_local, rc):
-            if in_place:
-                self._attend(z[rs], bias, residual=True)  # z[rs] += update
-            else:
-                z[rs] += self._attend(z[rs], bias)
+            self._attend(z[rs], bias, residual=True)  # z[rs] += update
         return z

@@ -121,7 +121,6 @@ class TriangleMultiplication(nn.Module):
     def _forward_lean(self, z: torch.Tensor, mask: torch.Tensor, layout: Layout) -> torch.Tensor:
         n_local, n_pad, c_z = z.shape
         es = z.element_size()
-        in_place = not chunking.near_limit(z)  # the compiled passes write the operands and the add
         x = z.new_empty((c_z, n_local, n_pad))
         budget_b = chunking.budget_bytes(z)  # after x: on CUDA the budget is what is left free
         # Two operand chunks of ck channels live across the product (2d: the Cannon walk's copies
@@ -142,16 +141,10 @@ class TriangleMultiplication(nn.Module):
                 right = torch.empty_like(left)
             rc = chunking.rows_per_chunk(n_local, self._operand_row_bytes(n_pad, c_z, k, es), budget_b // 2)
             for rs in chunking.slices(n_local, rc):
-                if in_place:
-                    self._operands(z[rs], mask[rs], cs, out=(left[:, rs], right[:, rs]))
-                else:
-                    left[:, rs], right[:, rs] = self._operands(z[rs], mask[rs], cs)
+                self._operands(z[rs], mask[rs], cs, out=(left[:, rs], right[:, rs]))
             triangle_product(left, right, layout, out=x[cs])
             del left, right
         rc = chunking.rows_per_chunk(n_local, n_pad * 6 * c_z * es, budget_b)
         for rs in chunking.slices(n_local, rc):
-            if in_place:
-                self._update(x[:, rs].permute(1, 2, 0), z[rs], residual=True)  # z[rs] += update
-            else:
-                z[rs] += self._update(x[:, rs].permute(1, 2, 0), z[rs])
+            self._update(x[:, rs].permute(1, 2, 0), z[rs], residual=True)  # z[rs] += update
         return z

@@ -7,12 +7,13 @@ op (the matmuls stay cuBLAS). Weights come in as arguments so one compiled funct
 every layer of its kind. Shapes are per rank; ``rows`` is any leading shape (``[r, N]`` of a
 pair shard, ``[r]`` of a single shard), ``c`` the channels.
 
-The lean (no-autograd) paths write in place: with ``residual=True`` a function adds its update into
-its input and returns it, and ``triangle_operands`` can write into given buffers. Compiled, the
-add or the store is part of the last Triton pass (one pass fewer over z than an eager ``+=`` or
-copy afterwards, and a strided store, where the eager add on a transposed view of z, as the
-serial layout's Z^T ops get it, ran at less than half the contiguous add's speed on one H200).
-Near the memory limit (``chunking.near_limit``) the layers keep the eager add and copy.
+The lean (no-autograd) paths write in place: with ``residual=True`` (``acc``) a function adds its
+update into its input and returns it, and ``triangle_operands`` can write into given buffers.
+Compiled, the add or the store is part of the last Triton pass (one pass fewer over z than an
+eager ``+=`` or copy afterwards, and a strided store, where the eager add on a transposed view of
+z, as the serial layout's Z^T ops get it, ran at less than half the contiguous add's speed on one
+H200). Near the memory limit (``chunking.near_limit``) each public function here keeps the eager
+add or copy after its compiled pass (the private ``_`` twin that ``kernels.compiled`` wraps).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from cpbench.models.pairformer.ops import kernels
+from cpbench.models.pairformer.parallel import chunking
 
 
 @kernels.compiled
@@ -29,26 +31,38 @@ def norm_linear(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor | None, 
     return F.linear(F.layer_norm(x, (x.shape[-1],), ln_w, ln_b), w)
 
 
-@kernels.compiled
 def swiglu_transition(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w_in: torch.Tensor,
                       w_out: torch.Tensor, residual: bool = False) -> torch.Tensor:
     """The transition's update ``W_out(silu(a) * b)``, ``[a; b] = W_in LN(x)``: ``x: [rows, c]``;
     with ``residual``, ``x += update`` in place and ``x`` returned."""
+    if residual and chunking.near_limit(x):
+        return x.add_(_swiglu_transition(x, ln_w, ln_b, w_in, w_out, False))
+    return _swiglu_transition(x, ln_w, ln_b, w_in, w_out, residual)
+
+
+@kernels.compiled
+def _swiglu_transition(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w_in: torch.Tensor,
+                       w_out: torch.Tensor, residual: bool) -> torch.Tensor:
     a, b = F.linear(F.layer_norm(x, (x.shape[-1],), ln_w, ln_b), w_in).chunk(2, dim=-1)
     update = F.linear(F.silu(a) * b, w_out)
     return x.add_(update) if residual else update
 
 
-@kernels.compiled
 def gated_output(o: torch.Tensor, g: torch.Tensor, w_out: torch.Tensor,
                  acc: torch.Tensor | None = None) -> torch.Tensor:
     """``W_out(o * sigmoid(g))``: ``o, g: [rows, h·d]`` -> ``[rows, c]``; with ``acc: [rows, c]``,
     ``acc += W_out(...)`` in place and ``acc`` returned."""
+    if acc is not None and chunking.near_limit(acc):
+        return acc.add_(_gated_output(o, g, w_out, None))
+    return _gated_output(o, g, w_out, acc)
+
+
+@kernels.compiled
+def _gated_output(o: torch.Tensor, g: torch.Tensor, w_out: torch.Tensor, acc: torch.Tensor | None) -> torch.Tensor:
     update = F.linear(o * torch.sigmoid(g), w_out)
     return update if acc is None else acc.add_(update)
 
 
-@kernels.compiled
 def triangle_operands(z: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w: torch.Tensor,
                       mask: torch.Tensor, a_out: torch.Tensor | None = None,
                       b_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,6 +72,16 @@ def triangle_operands(z: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w
     Returns ``(a, b)``, each ``[k, r, N]`` (channel-first: the layout the product batches over),
     written into ``a_out`` and ``b_out`` (views of the same shape, any strides) when given.
     """
+    if a_out is not None and chunking.near_limit(z):
+        a, b = _triangle_operands(z, ln_w, ln_b, w, mask, None, None)
+        return a_out.copy_(a), b_out.copy_(b)
+    return _triangle_operands(z, ln_w, ln_b, w, mask, a_out, b_out)
+
+
+@kernels.compiled
+def _triangle_operands(z: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w: torch.Tensor,
+                       mask: torch.Tensor, a_out: torch.Tensor | None,
+                       b_out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     r, n = z.shape[:2]
     zn = F.layer_norm(z, (z.shape[-1],), ln_w, ln_b)
     pa, pb, ga, gb = torch.matmul(w, zn.reshape(r * n, -1).t()).view(4, -1, r, n).unbind(0)
@@ -67,13 +91,22 @@ def triangle_operands(z: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w
     return a_out.copy_(a), b_out.copy_(b)
 
 
-@kernels.compiled
 def triangle_update(x: torch.Tensor, z: torch.Tensor, ln_x_w: torch.Tensor, ln_x_b: torch.Tensor,
                     ln_z_w: torch.Tensor, ln_z_b: torch.Tensor, w_out: torch.Tensor,
                     w_gate: torch.Tensor, residual: bool = False) -> torch.Tensor:
     """Triangle multiplication's output stage ``W_out LN(x) * sigmoid(W_g LN(z))``:
     ``x: [r, N, c]``, ``z: [r, N, c_z]`` -> ``[r, N, c_z]``; with ``residual``, ``z += update``
     in place and ``z`` returned."""
+    weights = (ln_x_w, ln_x_b, ln_z_w, ln_z_b, w_out, w_gate)
+    if residual and chunking.near_limit(z):
+        return z.add_(_triangle_update(x, z, *weights, False))
+    return _triangle_update(x, z, *weights, residual)
+
+
+@kernels.compiled
+def _triangle_update(x: torch.Tensor, z: torch.Tensor, ln_x_w: torch.Tensor, ln_x_b: torch.Tensor,
+                     ln_z_w: torch.Tensor, ln_z_b: torch.Tensor, w_out: torch.Tensor,
+                     w_gate: torch.Tensor, residual: bool) -> torch.Tensor:
     xn = F.layer_norm(x, (x.shape[-1],), ln_x_w, ln_x_b)
     zn = F.layer_norm(z, (z.shape[-1],), ln_z_w, ln_z_b)
     update = F.linear(xn, w_out) * torch.sigmoid(F.linear(zn, w_gate))
