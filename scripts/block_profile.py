@@ -8,7 +8,8 @@ gives it), and times every op (synchronized wall clock): ``--warmup`` untimed bl
 ``flex`` regions happens there), then the median of ``--repeats`` timed blocks. Prints one JSON
 line per backend, ``{"kernels", "N", "op_ms": {op: median ms}, "block_ms", "peak_gib"}``, and
 writes them all to ``--out``. With ``--kernel-rows K`` one more block runs under torch.profiler
-and each op's row also gets ``kernels``: its K longest GPU kernels (name, calls, total ms).
+and the row also gets ``kernel_table``: per op, its GPU time and its K longest GPU kernels
+(name, calls, total ms).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _now_ms(dev: torch.device) -> float:
     return time.perf_counter() * 1e3
 
 
-def _kernel_table(ops: list, s: torch.Tensor, z: torch.Tensor, rows: int) -> dict[str, list]:
+def _kernel_table(ops: list, s: torch.Tensor, z: torch.Tensor, rows: int) -> dict[str, dict]:
     """One more block under torch.profiler: each op's ``rows`` longest GPU kernels."""
     from torch.profiler import ProfilerActivity, profile
 

@@ -97,6 +97,7 @@ fitauto() {
 source scripts/campaign_lib.sh  # campaign_begin, left, point, probe, script_phase, archive_out, campaign_end
 campaign_begin 570
 TRAIN="model=boltz2 workflow=training routine=timing cp=1"
+PASS="model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing cp=1"  # 64-block pass
 # one probe point at probe.start (max_points >= 2 is enforced; budget_s=1 starts no second point)
 TPROBE="model=boltz2 workflow=training routine=probe cp=1 probe.max_points=2 probe.budget_s=1 probe.verify=false"
 
@@ -151,7 +152,6 @@ for CALL in $CALLS; do
     gparity) graph_parity ;;
     graphs)
       graph_parity
-      PASS="model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing cp=1"
       for n in 512 2048; do
         point "pass${n}_graphs" 90 $PASS N=$n model.cuda_graphs=true timing.timeout_s=150
         point "pass${n}_flex" 90 $PASS N=$n timing.timeout_s=150
@@ -165,14 +165,12 @@ for CALL in $CALLS; do
     bprof) bprof ${BPROF_VARIANTS:-plain cdt autotune} ;;
     fastpass)
       bprof plain
-      PASS="model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing cp=1"
       point pass2048_flex 90 $PASS N=2048 timing.timeout_s=150
       TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 point pass2048_flex_cdt 90 $PASS N=2048 timing.timeout_s=150
       point pass2048_torch 90 $PASS N=2048 model.kernels=torch timing.timeout_s=$(( $(left) - 15 < 170 ? $(left) - 15 : 170 )) ;;
     verify)
       script_phase kernel_parity timeout 200 python3 scripts/kernel_parity.py --n 256 --out "$OUT/kernel_parity.json"
       graph_parity
-      PASS="model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing cp=1"
       point pass512_auto 60 $PASS N=512 timing.timeout_s=100
       point pass512_torch 60 $PASS N=512 model.kernels=torch timing.timeout_s=100
       fitauto ;;
