@@ -16,7 +16,7 @@ import pandas as pd
 
 from cpbench.models.pairformer import flops
 from cpbench.models.stock import stock_model_of
-from cpbench.report import mfu
+from cpbench.report.mfu import achieved_tflops_per_gpu, peak_tflops
 from cpbench.results import INCOMPLETE, max_over_ranks
 
 TABLE_COLUMNS = ("N_tokens", "N_atoms", "MSA_seq", "CP config", "peak_mem (GiB)", "walltime (ms)")
@@ -92,7 +92,7 @@ def result_rows(records: Iterable[tuple[Path, dict]], root: Path, peak_tflops: f
         records: ``(path of result.json, record)`` pairs.
         root: the directory the report aggregates; ``result`` paths are relative to it.
         peak_tflops: the configured per-GPU peak (``report.peak_tflops``) for MFU; None -> the
-            measured table in ``cpbench.models.pairformer.flops``.
+            measured table in ``cpbench.report.mfu``.
     """
     rows = [_row(path, rec, root, peak_tflops) for path, rec in records]
     frame = pd.DataFrame(rows)
@@ -305,8 +305,8 @@ def _flops_fields(row: dict, model: dict, config: dict, env: dict, peak_tflops_c
     trunk_ms = row.get(STAGE_PREFIX + "trunk")
     time_ms, out["flops time"] = ((float(trunk_ms), "trunk stage") if row["workflow"] != "training" and trunk_ms
                                   else (float(row["walltime (ms)"]), "step median"))
-    out["TFLOP/s/GPU"] = mfu.achieved_tflops_per_gpu(step["step"], time_ms, int(row["cp"] or 1))
-    peak, source = mfu.peak_tflops(env.get("gpu_model"), row["dtype"], peak_tflops_cfg)
+    out["TFLOP/s/GPU"] = achieved_tflops_per_gpu(step["step"], time_ms, int(row["cp"] or 1))
+    peak, source = peak_tflops(env.get("gpu_model"), row["dtype"], peak_tflops_cfg)
     if peak:
         out["MFU"] = out["TFLOP/s/GPU"] / peak
         out["peak source"] = source

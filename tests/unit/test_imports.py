@@ -1,5 +1,6 @@
 """The package layout holds: every module imports in a fresh interpreter, the import graph of
-``cpbench/`` has no cycle, and imports flow one way between the layers (docs/architecture.md)."""
+``cpbench/`` has no cycle (a submodule importing ``from`` its own package's ``__init__`` included),
+and imports flow one way between the layers (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ FORBIDDEN = [
 ]
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
+def module_name(path: Path, package_dir: Path = PACKAGE_DIR) -> str:
+    parts = path.relative_to(package_dir.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -40,11 +41,13 @@ def _type_checking_only(node: ast.AST, parents: dict) -> bool:
     return False
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the cpbench modules it imports (anywhere in the file, lazy imports included;
-    ``if TYPE_CHECKING:`` blocks excluded). ``from pkg import mod`` counts as importing ``pkg.mod``
-    when that is a module, else ``pkg``."""
-    modules = {module_name(p): p for p in PACKAGE_DIR.rglob("*.py")}
+def import_graph(package_dir: Path = PACKAGE_DIR) -> dict[str, set[str]]:
+    """Module -> the modules of ``package_dir`` it imports (anywhere in the file, lazy imports
+    included; ``if TYPE_CHECKING:`` blocks excluded). ``from pkg import name`` counts as importing
+    ``pkg`` itself (its ``__init__`` runs and is read for ``name``), and ``pkg.name`` as well when
+    that is a module: so a module that ``pkg/__init__.py`` imports and that imports ``from pkg``
+    is a cycle (the package-level cycle that works only while Python falls back to the submodule)."""
+    modules = {module_name(p, package_dir): p for p in package_dir.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         tree = ast.parse(path.read_text())
@@ -56,9 +59,8 @@ def import_graph() -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 edges |= {a.name for a in node.names if a.name in modules}
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module in modules:
-                for alias in node.names:
-                    sub = f"{node.module}.{alias.name}"
-                    edges.add(sub if sub in modules else node.module)
+                edges.add(node.module)
+                edges |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules}
         graph[name] = edges - {name}
     return graph
 
@@ -89,6 +91,17 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_find_cycle_finds_a_cycle_and_accepts_a_dag():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_a_submodule_importing_from_its_own_package_init_is_a_cycle(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("from pkg.rows import row\n")  # the package imports its submodule ...
+    (package / "rows.py").write_text("from pkg import mfu\n\ndef row():\n    return mfu.peak\n")  # ... which imports it back
+    (package / "mfu.py").write_text("peak = 1.0\n")
+    assert find_cycle(import_graph(package)) == ["pkg", "pkg.rows", "pkg"]
+    (package / "rows.py").write_text("from pkg.mfu import peak\n\ndef row():\n    return peak\n")
+    assert find_cycle(import_graph(package)) is None  # the submodule by its full name: no cycle
 
 
 def test_cpbench_import_graph_has_no_cycle():
