@@ -1,11 +1,14 @@
-"""Answers for one input (#21): predicted peak memory, fitting GPUs, smallest CP and time per step.
+"""Answers for one input: predicted peak memory, fitting GPUs, smallest CP and time per step.
 
     python -m cpbench.estimate INPUT [--from DIR] [--gpu-gib G] [--model NAME] [--workflow W] [--json]
 
 INPUT is read with the readers of ``dataset=real`` (``cpbench.data.real``: N tokens, N_atoms,
-S). Every ``result.json`` under DIR (default: the committed ``docs/benchmarks/``) becomes the
-report's rows (``cpbench.report.rows``); per model × workflow × CP config (× kernel backend and
-dtype, which change both memory and time) two models are fitted over N:
+S). Every ``result.json`` under DIR becomes the report's rows (``cpbench.report.load``: an
+unreadable file is skipped with one line naming it). The default DIR is ``DEFAULT_RESULTS``, the
+H200 results committed in the repository's ``docs/benchmarks/``: they live outside the package,
+so an installed (non-editable) copy has none and needs ``--from``; the output says which
+directory it read. Per model × workflow × CP config (× kernel backend and dtype, which change
+both memory and time) two models are fitted over N:
 
 * **peak memory per rank**: the report's ``a·N² + b·N + c`` (``cpbench.results.memory_fit``,
   non-negative terms) over every (N, peak allocated) where the step fit: ok timing rows and
@@ -51,10 +54,12 @@ import numpy as np
 import pandas as pd
 
 from cpbench.report.analysis import fitting_subset, latest_ok_timing, memory_points
-from cpbench.report.memory_model import GPU_MEMORY_SIZES_GIB, MemoryFit, fit_peak_memory
+from cpbench.report.load import load_records
+from cpbench.report.memory_model import GPU_MEMORY_SIZES_GIB
 from cpbench.report.rows import ENERGY_COLUMN, STAGE_PREFIX, probe_point_rows, result_rows
-from cpbench.results import iter_incomplete_probes, iter_results, without_continued_probes
+from cpbench.results.memory_fit import MemoryFit, fit_peak_memory
 
+# The committed results of a source checkout (editable install); absent from an installed package.
 DEFAULT_RESULTS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 CP_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
 GROUP_KEYS = ("model", "workflow", "CP config", "kernels", "dtype")
@@ -131,15 +136,29 @@ def fit_powers(n_tokens: Sequence[float], values: Sequence[float], powers: Seque
 # Reading results
 # ---------------------------------------------------------------------------------------------
 
-def load_rows(results_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, list[dict]]:
-    """(result rows, probe point rows, records) of every result.json under ``results_dir``."""
+def load_rows(results_dir: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame, list[dict]]:
+    """(result rows, probe point rows, records) of every result.json under ``results_dir``
+    (None: ``DEFAULT_RESULTS``)."""
+    if results_dir is None:
+        if not DEFAULT_RESULTS.is_dir():
+            raise EstimateError(f"no committed results at {DEFAULT_RESULTS} (they ship with a source checkout's "
+                                "docs/benchmarks/, not with the installed package): pass --from DIR")
+        results_dir = DEFAULT_RESULTS
     root = Path(results_dir).resolve()
     if not root.is_dir():
         raise EstimateError(f"--from {results_dir}: no such directory")
-    found = without_continued_probes(list(iter_results(root)) + list(iter_incomplete_probes(root)))
+    found = load_records(root)
     if not found:
-        raise EstimateError(f"--from {results_dir}: no result.json under it")
+        unread = " readable" if any(root.rglob("result.json")) else ""  # the unreadable ones: one line each above
+        raise EstimateError(f"--from {results_dir}: no{unread} result.json under it")
     return result_rows(found, root), probe_point_rows(found), [rec for _, rec in found]
+
+
+def results_line(results_dir: Path | None, records: list[dict]) -> str:
+    """One line saying where the results were read from (the default says it is the default)."""
+    where = f"{DEFAULT_RESULTS} (default: the committed benchmarks; --from DIR for others)" if results_dir is None \
+        else str(Path(results_dir).resolve())
+    return f"Results: {len(records)} records under {where}"
 
 
 def measured_gpu_gib(records: list[dict]) -> float | None:
@@ -212,9 +231,15 @@ def _source(n: int, fit_range: tuple[int, int]) -> str:
     return "predicted" if fit_range[0] <= n <= fit_range[1] else "extrapolated"
 
 
+def _missing(value: Any) -> bool:
+    """None or a NaN: a group key column a record left empty (pandas reads it as NaN)."""
+    return value is None or (pd.api.types.is_scalar(value) and bool(pd.isna(value)))
+
+
 def _group_label(key: tuple) -> str:
+    """``1d cp=2 [flex bf16]``: the CP config with the kernel backend (unless ``torch``) and dtype."""
     _, _, config, kernels, dtype = key
-    extra = [k for k in (kernels if kernels not in (None, "torch") else None, dtype) if k]
+    extra = [str(k) for k in (None if kernels == "torch" else kernels, dtype) if not _missing(k) and k != ""]
     return f"{config}" + (f" [{' '.join(extra)}]" if extra else "")
 
 
@@ -227,14 +252,11 @@ def estimate(n_tokens: int, rows: pd.DataFrame, points: pd.DataFrame, gpu_gib: f
     """
     mem = memory_points(rows, points, GROUP_KEYS, [*GROUP_KEYS, "N_tokens"])
     timing = latest_ok_timing(rows, [*GROUP_KEYS, "N_tokens"]) if not rows.empty else rows
-    keys = sorted({tuple(k) for k in mem[list(GROUP_KEYS)].itertuples(index=False)} |
-                  {tuple(k) for k in timing[list(GROUP_KEYS)].itertuples(index=False)} if not timing.empty else
-                  {tuple(k) for k in mem[list(GROUP_KEYS)].itertuples(index=False)}, key=lambda k: tuple(map(str, k)))
+    keys = sorted(_group_keys(mem) | _group_keys(timing), key=lambda k: tuple(map(str, k)))
     keys = [k for k in keys if _matches(k[0], model) and (workflow is None or k[1] == workflow)]
     if not keys:
         what = " and ".join(x for x in (f"model {model}" if model else "", f"workflow {workflow}" if workflow else "") if x)
-        avail = sorted({f"{k[0]} / {k[1]}" for k in
-                        {tuple(k) for k in mem[list(GROUP_KEYS)].itertuples(index=False)}})
+        avail = sorted({f"{k[0]} / {k[1]}" for k in _group_keys(mem)})
         raise EstimateError(f"no results for {what or 'any model'} to fit (have: {', '.join(avail) or 'none'})")
     answers = []
     for key in keys:
@@ -246,6 +268,13 @@ def estimate(n_tokens: int, rows: pd.DataFrame, points: pd.DataFrame, gpu_gib: f
     return answers
 
 
+def _group_keys(frame: pd.DataFrame) -> set[tuple]:
+    """The distinct ``GROUP_KEYS`` tuples of ``frame``, an empty cell as None (one key, JSON null)."""
+    if frame.empty:
+        return set()
+    return {tuple(None if _missing(v) else v for v in k) for k in frame[list(GROUP_KEYS)].itertuples(index=False)}
+
+
 def _matches(label: str | None, model: str | None) -> bool:
     return model is None or label == model or (label or "").startswith(f"{model} [")
 
@@ -255,8 +284,7 @@ def _select(frame: pd.DataFrame, key: tuple) -> pd.DataFrame:
         return frame
     mask = np.ones(len(frame), dtype=bool)
     for col, value in zip(GROUP_KEYS, key):
-        mask &= (frame[col].isna() if value is None or (isinstance(value, float) and math.isnan(value))
-                 else frame[col] == value).to_numpy()
+        mask &= (frame[col].isna() if _missing(value) else frame[col] == value).to_numpy()
     return frame[mask]
 
 

@@ -23,12 +23,12 @@ import pandas as pd
 
 from cpbench.report.backends import backends_section, read_parity
 from cpbench.report.headline import headline_rows, headline_section, readme_block, replace_marked_block, run_context
+from cpbench.report.load import load_records
 from cpbench.report.plots import write_plots
 from cpbench.report.readout import readout
 from cpbench.report.rows import probe_point_rows, result_rows
 from cpbench.report.sections import flops_section, memory_section, metadata_section, plots_section, results_section
 from cpbench.report.walltime_headline import WALLTIME_END, WALLTIME_START, walltime_block, walltime_lines
-from cpbench.results import iter_incomplete_probes, iter_results, without_continued_probes
 
 REPORT_STEM = "cp_benchmark"
 
@@ -44,7 +44,7 @@ def build_report(root, out=None, baseline_max_n: int | None = None,
         baseline_max_n: a user-supplied single-GPU max N for the readout; default: the
             results' ``report.baseline_max_n``.
         peak_tflops: the per-GPU peak for MFU; default: the results' ``report.peak_tflops``,
-            else the measured table in ``cpbench.models.pairformer.flops``.
+            else the measured table in ``cpbench.report.mfu``.
         readme: a markdown file whose headline block (between ``<!-- headline:start -->`` and
             ``<!-- headline:end -->``) is replaced by the headline, and its walltime block
             (``<!-- walltime:start -->`` ... ``<!-- walltime:end -->``) by the walltimes; left
@@ -56,8 +56,7 @@ def build_report(root, out=None, baseline_max_n: int | None = None,
         the README's block was replaced.
     """
     root = Path(root).resolve()
-    found = list(iter_results(root)) + list(iter_incomplete_probes(root))  # + probes stopped early
-    found = without_continued_probes(found)
+    found = load_records(root)  # + probes stopped early; an unreadable file is one warning line
     records = [rec for _, rec in found]
     baseline_max_n = baseline_max_n or _from_report_config(records, "baseline_max_n")
     peak_tflops = peak_tflops or _from_report_config(records, "peak_tflops")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="replace the block between <!-- headline:start --> and <!-- headline:end --> here "
                              "with the headline (max N per configuration)")
     args = parser.parse_args(argv)
+    logging.basicConfig(format="cpbench.report: %(message)s")  # a skipped file: one line on stderr
     if not args.dir.is_dir():
         print(f"cpbench.report: error: {args.dir}: not a directory", file=sys.stderr)
         return 2
