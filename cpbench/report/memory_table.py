@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cpbench.report.memory_model import GPU_MEMORY_SIZES_GIB, MemoryFit, fit_peak_memory, fitting_points
+from cpbench.report.memory_model import GPU_MEMORY_SIZES_GIB
 from cpbench.report.rows import cp_config_label, model_label, stock_title, workflow_label
+from cpbench.results.memory_fit import MemoryFit, fit_peak_memory, fitting_points
 
 TARGET_CPS = (1, 2, 4, 8)
 

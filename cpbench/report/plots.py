@@ -39,9 +39,9 @@ from cpbench.report.analysis import (  # noqa: E402
     walltime_exponent,
     with_kernel_labels,
 )
-from cpbench.report.memory_model import fit_peak_memory  # noqa: E402
 from cpbench.report.readout import is_lower_bound  # noqa: E402
 from cpbench.report.rows import STAGE_PEAK_PREFIX  # noqa: E402
+from cpbench.results.memory_fit import fit_peak_memory  # noqa: E402
 
 
 def _series_label(keys: tuple, with_model: bool) -> str:

@@ -5,7 +5,8 @@ The prediction of a real held-back probe point is in tests/*/test_report.py (it 
 
 import pytest
 
-from cpbench.report.memory_model import GPU_MEMORY_SIZES_GIB, fit_peak_memory, fitting_points
+from cpbench.report.memory_model import GPU_MEMORY_SIZES_GIB
+from cpbench.results.memory_fit import fit_peak_memory, fitting_points
 
 
 def quadratic(n, a=3e-7, b=2e-4, c=1.5):

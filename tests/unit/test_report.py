@@ -22,8 +22,8 @@ import pandas as pd
 import pytest
 
 from cpbench.report import build_report
-from cpbench.report.memory_model import fit_peak_memory, fitting_points
 from cpbench.results import iter_results
+from cpbench.results.memory_fit import fit_peak_memory, fitting_points
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HEADER = "| N_tokens | N_atoms | MSA_seq | CP config | peak_mem (GiB) | walltime (ms) |"
