@@ -7,7 +7,7 @@ from __future__ import annotations
 # a matmul really reaches on the machine.
 PEAK_TFLOPS = {
     ("H200", "bf16"): (774.0, "H200 bf16 measured 774 TFLOP/s dense 8192^3 matmul "
-                              "(/work/shared/gpu/README.md, 2026-11-30)"),
+                              "(measured on one H200, 2026-11-30; see docs/perf_notes.md)"),
 }
 
 
