@@ -1,4 +1,4 @@
-"""The headline command under SLURM (#19): ``python -m cpbench -m hydra/launcher=slurm
+"""The headline command under SLURM: ``python -m cpbench -m hydra/launcher=slurm
 workflow=training cp=... N=...``. Jobs of one configuration that run at the same time take the
 probe's lock once; exactly one of them runs the configuration's max-N probe, and the sweep gives
 the same answers as tests/e2e/test_headline.py: a timing row per N and one max N per cp, bounded

@@ -1,8 +1,10 @@
 """``hydra/launcher=slurm`` on a real SLURM cluster (CPU, gloo, one task per rank).
 
-CI starts a one-node cluster with ``.ci/slurm_up.sh`` first; without a cluster answering
-``sinfo`` these tests are skipped. They run the test adapter (``tests/helpers/faults.py``),
-so their time is SLURM's and the workers' start-up, not the model's.
+They run only with ``CPBENCH_TEST_SLURM=1`` (``helpers.cluster``: they submit real jobs, so a
+cluster that merely answers ``sinfo`` is not enough); CI sets it and starts a one-node cluster with
+``.ci/slurm_up.sh`` first. Without the opt-in, or without a cluster answering, they are skipped.
+They run the test adapter (``tests/helpers/faults.py``), so their time is SLURM's and the
+workers' start-up, not the model's.
 
 A point's signature includes a hash of cpbench's sources, so a requeued or resumed job in a
 tree being edited would (correctly) be a new point: the jobs run a frozen copy of the code.
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.cluster import cluster_skip_reason
 from helpers.run import REPO_ROOT, fault_model
 
 pytestmark = pytest.mark.slurm
@@ -29,22 +32,9 @@ LAUNCHER = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.lau
             "hydra.launcher.timeout_min=10", "hydra.launcher.cpus_per_task=1", "device=cpu"]
 
 
-def _cluster_reason() -> str | None:
-    if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
-        return "no SLURM client (sinfo/sbatch) here: run .ci/slurm_up.sh as root to start a one-node cluster"
-    try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=15)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"sinfo does not answer ({exc}): run .ci/slurm_up.sh"
-    states = out.stdout.split()
-    if out.returncode != 0 or not any(s.startswith(("idle", "mix", "alloc")) for s in states):
-        return f"no usable SLURM node (sinfo: {out.stdout.strip() or out.stderr.strip()}): run .ci/slurm_up.sh"
-    return None
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _cluster():
-    reason = _cluster_reason()
+    reason = cluster_skip_reason()
     if reason:
         pytest.skip(reason)
 
