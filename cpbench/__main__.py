@@ -23,7 +23,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from cpbench.config import ConfigError, check_group_choices, register_resolvers
+from cpbench.config import ConfigError, check_group_choices, normalize_overrides, register_resolvers
 from cpbench.job import interrupt_line, run_job
 from cpbench.results import summary
 
@@ -68,6 +68,7 @@ def _interrupt(signum: int, frame) -> None:
 def cli() -> None:
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
+    sys.argv[1:] = normalize_overrides(sys.argv[1:])
     try:
         try:
             check_group_choices(sys.argv[1:])

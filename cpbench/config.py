@@ -26,6 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from cpbench.data.real import resolve_input_sizes
 from cpbench.harness.devices import cuda_available, local_gpu_count
+from cpbench.link import LinkError, link_from_config
+from cpbench.models import dtypes
 from cpbench.models.api import (
     AdapterConfigError,
     AdapterError,
@@ -40,11 +42,10 @@ from cpbench.models.pairformer.ops import kernels
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 # Config groups whose option is a file under conf/<group>/; checked before Hydra composes so
 # that an unknown option is one line, not Hydra's multi-line composition error.
-CHECKED_GROUPS = ("workflow", "topology", "dataset", "model", "sweep")
+CHECKED_GROUPS = ("workflow", "topology", "dataset", "model", "sweep", "link")
 WORKFLOWS = ("inference", "training")
 TOPOLOGIES = ("1d", "2d")
 ROUTINES = ("auto", "probe", "timing")
-DTYPES = ("bf16", "fp32")
 DEVICES = ("auto", "cuda", "cpu")
 # Keys that do not change a measurement, left out of the resume signature.
 UNSIGNED_KEYS = ("resume", "report", "hydra")
@@ -75,7 +76,17 @@ AUTO_CP_ON_CPU = 2
 AUTO_INFERENCE_DEPTH = {"cuda": 1, "cpu": 2}
 PROBE_STRATEGIES = ("auto", "bisect", "predict")
 AUTO_PROBE_STRATEGY = {"cuda": "predict", "cpu": "bisect"}
-AUTO_PROBE_VERIFY = {"cuda": True, "cpu": False}
+AUTO_PROBE_VERIFY = {"cuda": True, "cpu": True}
+# emulate.comm_reserve_gib=auto: device memory the real run's communicator holds and the fake
+# group never allocates, per device (its backend). NCCL: its channel buffers grow with the peers
+# and the collectives used; on 8 H100s of one node an all-to-all took NCCL's own device memory
+# from 1.06 GB to 4.34 GB (NVIDIA/nccl issue 1685, excluding PyTorch's), and one communicator
+# with an all-reduce about 1.6 GB (NVIDIA/nccl issue 864). The trunk uses all-to-all (1d) or
+# p2p plus sub-group all-gathers (2d, a communicator per mesh axis): 4.5 GiB covers the largest
+# published figure. gloo's buffers are host memory the CPU cap counts, small beside a step
+# (the emulated CPU peak matches the real run's rank 0 within 5 %: tests/distributed).
+AUTO_COMM_RESERVE_GIB = {"cuda": (4.5, "auto: NCCL's published footprint (nccl issues 1685, 864)"),
+                         "cpu": (0.0, "auto: gloo (host buffers, counted by the CPU cap)")}
 MIN_WARMUP = 3
 MIN_REPEATS = 5
 
@@ -134,7 +145,7 @@ class Point:
     N_atoms: int
     atoms_per_token: int
     S: int
-    dtype: str
+    dtype: str              # "bf16" | "fp32", resolved (dtype=auto: resolve_dtype)
     device: str             # "cuda" | "cpu"
     routine: str
     seed: int
@@ -145,6 +156,16 @@ class Point:
     probe: ProbeSettings | None = None
     timing: TimingSettings | None = None
     input: str | None = None  # real inputs: the input file's name
+    dtype_reason: str = ""    # why this dtype (dtype=auto on a CPU: the bf16 evidence)
+    emulate: bool = False     # rank 0 of cp ranks alone over the fake process group (harness/emulation.py)
+    comm_reserve_gib: float = 0.0  # emulate: device memory held back for the communicator the fake group lacks
+    comm_reserve_source: str = ""  # where that figure comes from
+    link: dict = field(default_factory=dict)  # the link config node, validated (cpbench.link)
+
+    @property
+    def ranks_launched(self) -> int:
+        """Worker processes per point: ``cp``, or one under emulation."""
+        return 1 if self.emulate else self.cp
 
     def record(self) -> dict:
         """The ``point`` block of ``result.json`` and ``probe_state.json`` (``cpbench/results/record.py``):
@@ -152,9 +173,11 @@ class Point:
         workers ran with."""
         return {"workflow": self.workflow, "topology": self.topology, "cp": self.cp,
                 "mesh_shape": list(self.mesh_shape), "N": self.N, "N_atoms": self.N_atoms,
-                "S": self.S, "dtype": self.dtype, "device": self.device, "input": self.input,
+                "S": self.S, "dtype": self.dtype, "dtype_reason": self.dtype_reason, "device": self.device, "input": self.input,
                 "model": dict(self.model), "memory_limit_gib": self.memory_limit_gib,
-                "cuda_alloc_conf": self.worker_alloc_conf()}
+                "cuda_alloc_conf": self.worker_alloc_conf(), "emulated": self.emulate,
+                **({"emulation": {"K": self.cp, "grid": list(self.mesh_shape), "comm_reserve_gib": self.comm_reserve_gib,
+                                  "comm_reserve_source": self.comm_reserve_source}} if self.emulate else {})}
 
     def worker_alloc_conf(self) -> str | None:
         """The workers' PYTORCH_CUDA_ALLOC_CONF: an exported one is the user's choice and wins,
@@ -290,10 +313,11 @@ def resolve_point(cfg: DictConfig, overrides: list[str] | None = None) -> Point:
     _choice("workflow", workflow.get("name"), WORKFLOWS)
     _choice("topology", topology.get("name"), TOPOLOGIES)
     routine = resolve_routine(_choice("routine", data.get("routine"), ROUTINES), overrides)
-    dtype = _choice("dtype", data.get("dtype"), DTYPES)
+    dtype_asked = _choice("dtype", data.get("dtype"), dtypes.DTYPES)
     device = _choice("device", data.get("device"), DEVICES)
     if device == "auto":
         device = "cuda" if cuda_available() else "cpu"
+    dtype, dtype_reason = resolve_dtype(dtype_asked, device)
 
     cp = data.get("cp")
     if _is_auto(cp):
@@ -315,6 +339,8 @@ def resolve_point(cfg: DictConfig, overrides: list[str] | None = None) -> Point:
         raise ConfigError("N", n, f"at least cp={cp} (every rank needs one token)")
 
     model = data.get("model") or {}
+    if isinstance(model, dict) and model.get("dtype") == "auto":  # the presets say dtype: ${dtype}
+        model["dtype"] = dtype
     if not isinstance(model, dict) or model.get("_target_") in (None, "???", ""):
         raise ConfigError("model._target_", model.get("_target_") if isinstance(model, dict) else model,
                           "a class or module with build_model, build_batch, run_step (model=adapter model._target_=pkg.Cls)")
@@ -345,6 +371,9 @@ def resolve_point(cfg: DictConfig, overrides: list[str] | None = None) -> Point:
     elif limit is not None:
         limit = _positive_float("memory.limit_gib", limit, "auto, null or GiB > 0")
 
+    link = _link(data.get("link"))
+    emulate, reserve_gib, reserve_source = _emulation(data.get("emulate"), device, link)
+
     alloc_conf = (data.get("memory") or {}).get("cuda_alloc_conf")
     if alloc_conf is not None and (not isinstance(alloc_conf, str) or not alloc_conf.strip()):
         raise ConfigError("memory.cuda_alloc_conf", alloc_conf,
@@ -353,10 +382,74 @@ def resolve_point(cfg: DictConfig, overrides: list[str] | None = None) -> Point:
     return Point(
         workflow=workflow["name"], train=bool(workflow.get("train")), topology=topology["name"], cp=cp,
         mesh_shape=mesh_shape, mesh_dim_names=dim_names, padding_unit=unit, N=n, N_atoms=n_atoms,
-        atoms_per_token=atoms_per_token, S=s, dtype=dtype, device=device, routine=routine,
+        atoms_per_token=atoms_per_token, S=s, dtype=dtype, dtype_reason=dtype_reason, device=device, routine=routine,
         seed=_int("seed", data.get("seed")), profile=bool(data.get("profile")),
         memory_limit_gib=limit, cuda_alloc_conf=alloc_conf, model=model, probe=probe, timing=timing, input=input_name,
+        emulate=emulate, comm_reserve_gib=reserve_gib, comm_reserve_source=reserve_source, link=link,
     )
+
+
+def emulate_enabled(value: Any) -> bool:
+    """``emulate``: the node ``{enabled, comm_reserve_gib}``, or a plain bool where a config or the
+    compose API replaced the node (``emulate=true``)."""
+    return bool(value.get("enabled")) if isinstance(value, dict) else bool(value)
+
+
+def normalize_overrides(argv: list[str]) -> list[str]:
+    """``emulate=V`` on the command line means ``emulate.enabled=V``: the node keeps its
+    ``comm_reserve_gib`` (``emulate=true emulate.comm_reserve_gib=2`` works in either order)."""
+    out = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        out.append(f"{key}.enabled={value}" if sep and key.lstrip("+~") == "emulate" and "." not in key else arg)
+    return out
+
+
+def _link(node: Any) -> dict:
+    """The ``link`` node, checked by building its model (one line naming the key on a mistake);
+    a calibration file's figures are read in (``link=measured link.file=FILE``)."""
+    try:
+        model = link_from_config(node or {})
+    except LinkError as exc:
+        key, _, allowed = str(exc).partition(": ")
+        raise ConfigError(key.split("=")[0], key.partition("=")[2], allowed) from None
+    node = dict(node or {})
+    if node.get("file") not in (None, "???"):
+        node["comm_memory_gib"] = model_memory_gib(node["file"])
+    return node
+
+
+def model_memory_gib(path: str) -> float | None:
+    """The communicator's device memory a calibration file measured (``comm_memory_gib``)."""
+    import json
+
+    value = json.loads(Path(str(path)).expanduser().read_text()).get("comm_memory_gib")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _emulation(value: Any, device: str, link: dict) -> tuple[bool, float, str]:
+    """(emulate, the communicator's memory allowance in GiB, where it comes from): on CUDA with
+    ``link=measured`` the calibration's measured NCCL memory, else ``AUTO_COMM_RESERVE_GIB``."""
+    node = value if isinstance(value, dict) else {"enabled": value, "comm_reserve_gib": "auto"}
+    enabled = node.get("enabled")
+    if not isinstance(enabled, bool):
+        raise ConfigError("emulate", enabled, "true or false")
+    if not enabled:
+        return False, 0.0, ""
+    reserve = node.get("comm_reserve_gib", "auto")
+    if reserve == "auto":
+        if device == "cuda" and link.get("comm_memory_gib") is not None:
+            return True, float(link["comm_memory_gib"]), f"auto: measured by python -m cpbench.link ({link['file']})"
+        return True, *AUTO_COMM_RESERVE_GIB[device]
+    if isinstance(reserve, bool) or not isinstance(reserve, (int, float)) or reserve < 0:
+        raise ConfigError("emulate.comm_reserve_gib", reserve, "auto or GiB >= 0")
+    return True, float(reserve), "emulate.comm_reserve_gib"
+
+
+def resolve_dtype(dtype: str, device: str) -> tuple[str, str]:
+    """``dtype=auto``: bf16 on CUDA; on a CPU bf16 only where it has native bf16 matrix units,
+    else fp32 (``cpbench.models.dtypes``). Returns (dtype, why)."""
+    return dtypes.resolve(dtype, device)
 
 
 def auto_cuda_graphs(routine: str, kernels: str, device: str) -> bool:
@@ -417,7 +510,7 @@ def _probe_strategy(value: Any, device: str) -> str:
 
 
 def _probe_verify(value: Any, device: str) -> bool:
-    """``probe.verify``: auto -> true on cuda, false on cpu; else true or false."""
+    """``probe.verify``: auto -> true (both devices: a CPU cap's verdict is re-run too); else true or false."""
     if value == "auto":
         return AUTO_PROBE_VERIFY[device]
     if not isinstance(value, bool):

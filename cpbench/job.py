@@ -102,6 +102,18 @@ def cpu_default_model(cfg: DictConfig, model_choice: str | None, overrides: list
     return None
 
 
+_warned_bf16 = False
+
+
+def _warn_emulated_bf16(point: Point) -> None:
+    """``dtype=bf16`` on a CPU without bf16 units runs, slowly: say so once per process."""
+    global _warned_bf16
+    if point.device == "cpu" and point.dtype == "bf16" and "emulated" in point.dtype_reason and not _warned_bf16:
+        _warned_bf16 = True
+        log.warning("cpbench: dtype=bf16 on this CPU is emulated in software and runs many times slower than "
+                    "fp32 (dtype=auto chooses fp32 here)")
+
+
 def _gpu_shortage(point: Point, slots: Slots, overrides: list[str] | None = None) -> str | None:
     """Why the point cannot run with the GPUs here (None when it can), with the command that
     runs it where it fits (under SLURM: one task and one GPU per rank)."""
@@ -109,10 +121,12 @@ def _gpu_shortage(point: Point, slots: Slots, overrides: list[str] | None = None
         return None
     if slots.mode == "local":
         gpus = local_gpu_count()
-        if point.cp > gpus:
-            command = " ".join(["python -m cpbench -m hydra/launcher=slurm",
-                                *(shlex.quote(o) for o in overrides or [f"cp={point.cp}"])])
-            return f"cp={point.cp} needs {point.cp} GPUs, {gpus} visible here; run it with: {command}"
+        if point.ranks_launched > gpus:
+            args = [shlex.quote(o) for o in overrides or [f"cp={point.cp}"]]
+            command = " ".join(["python -m cpbench -m hydra/launcher=slurm", *args])
+            emulated = " ".join(["python -m cpbench", *(a for a in args if not a.startswith("emulate")), "emulate=true"])
+            return (f"cp={point.cp} needs {point.cp} GPUs, {gpus} visible here; run it with: {command}; "
+                    f"or emulate it on one GPU (per-rank memory and compute; communication modelled): {emulated}")
     return None
 
 
@@ -158,6 +172,8 @@ def _run_job(cfg: DictConfig, ctx: JobContext) -> dict:
         return finish(cfg, ctx, None, "error", str(exc))
     _seen.routine = point.routine
     auto_probe = cfg.get("routine") == "auto" and point.routine == "timing"
+    log.info("%s%s", _progress(ctx.job_num), results.start_line(point.record(), point.routine, cfg.get("routine")))
+    _warn_emulated_bf16(point)
 
     sig_config = signature_config(cfg)
     signature, state_signature = results.point_signature(sig_config), probe_state_signature(sig_config)
@@ -169,14 +185,15 @@ def _run_job(cfg: DictConfig, ctx: JobContext) -> dict:
                      path, record.get("status"))
             return record
 
-    slots = discover_slots(point.cp, point.device)
+    slots = discover_slots(point.ranks_launched, point.device)
     shortage = _gpu_shortage(point, slots, ctx.overrides)
     if shortage is not None:
         if not ctx.multirun:
             raise ConfigError("cp", point.cp, shortage)
         return finish(cfg, ctx, point, "insufficient_gpus", shortage, signature=signature)
-    if slots.world_size != point.cp:
-        return finish(cfg, ctx, point, "error", f"{slots.mode} launched {slots.world_size} ranks for cp={point.cp}",
+    if slots.world_size != point.ranks_launched:
+        return finish(cfg, ctx, point, "error", f"{slots.mode} launched {slots.world_size} ranks for cp={point.cp}"
+                      f"{' (emulated: 1 rank)' if point.emulate else ''}",
                       signature=signature, write=slots.supervisor_rank == 0)
 
     writer = slots.supervisor_rank == 0

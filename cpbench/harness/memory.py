@@ -10,7 +10,13 @@ Runs inside a worker process only (the supervisor never touches the GPU).
   working. ``RLIMIT_DATA`` rather than ``RLIMIT_AS``: address space also counts shared
   libraries and glibc's per-thread arena reservations (PROT_NONE, never backed), so it
   overstates what a tensor may use; the data segment counts exactly the private writable
-  memory tensors live in (both were tried: both give the catchable error).
+  memory tensors live in (both were tried: both give the catchable error). Under the cap the
+  worker also fixes glibc's mmap threshold at 128 KiB (``fix_malloc_threshold``): by default
+  glibc raises it to the size of each large block freed, so later tensors of that size come
+  from the heap, whose fragments stay in the data segment the cap counts, in an order that
+  depends on thread timing; the failure point then moved between runs (max N 680 in one run,
+  756 in the next, on the tiny trunk under a 0.4 GiB cap; with the threshold fixed four runs
+  gave 792, 792, 792, 791). It costs page faults: near the limit a step took 1.6x as long.
 * Peak: on CUDA ``max_memory_allocated`` / ``max_memory_reserved`` since a reset; on CPU the
   peak resident set (``VmHWM``, reset through ``/proc/self/clear_refs``) above the resident
   set at the reset, reported as both allocated and reserved (``MEASURE_CPU``).
@@ -18,6 +24,8 @@ Runs inside a worker process only (the supervisor never touches the GPU).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import resource
 
 import torch
@@ -33,6 +41,8 @@ _OOM_MARKERS = ("out of memory", "can't allocate memory", "defaultcpuallocator",
 # point at the cap's edge, in a CI rehearsal of the headline test).
 _CPU_CAP_FAILURES = ("could not create a primitive", "std::bad_alloc")
 _cpu_capped = False  # set by apply_limit in this (worker) process
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's default before its dynamic raise
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -52,19 +62,42 @@ def _proc_status_bytes(key: str) -> int:
     raise KeyError(key)
 
 
-def apply_limit(limit_gib: float | None, device: torch.device) -> str | None:
-    """Cap this process's memory at ``limit_gib`` (see module docstring); returns how."""
-    if limit_gib is None:
+def apply_limit(limit_gib: float | None, device: torch.device, reserve_gib: float = 0.0) -> str | None:
+    """Cap this process's memory at ``limit_gib`` (see module docstring), less ``reserve_gib``
+    (emulated CP: what the real run's communicator would hold, ``emulate.comm_reserve_gib``);
+    returns how."""
+    if limit_gib is None and not reserve_gib:
         return None
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, limit_gib * GIB / total), device)
-        return f"cuda memory fraction {min(1.0, limit_gib * GIB / total):.4f} of {total / GIB:.1f} GiB"
+        cap_b = min(total, (limit_gib if limit_gib is not None else total / GIB) * GIB) - reserve_gib * GIB
+        fraction = max(0.0, min(1.0, cap_b / total))
+        torch.cuda.set_per_process_memory_fraction(fraction, device)
+        reserve = f" ({reserve_gib:g} GiB held back for the communicator)" if reserve_gib else ""
+        return f"cuda memory fraction {fraction:.4f} of {total / GIB:.1f} GiB{reserve}"
+    if limit_gib is None:  # a CPU without a cap: nothing to hold back from
+        return None
     global _cpu_capped
-    cap = _proc_status_bytes("VmData") + int(limit_gib * GIB)
+    fixed = fix_malloc_threshold()
+    cap = _proc_status_bytes("VmData") + int(max(0.0, limit_gib - reserve_gib) * GIB)
     resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
     _cpu_capped = True
-    return f"RLIMIT_DATA = baseline + {limit_gib:g} GiB"
+    return f"RLIMIT_DATA = baseline + {limit_gib - reserve_gib:g} GiB; {fixed}"
+
+
+def fix_malloc_threshold() -> str:
+    """Fix glibc's mmap threshold (no dynamic raise): every block above 128 KiB is its own
+    mapping, returned to the system when freed, so what the cap counts at a given step does
+    not depend on what an earlier step freed. Returns what was done (recorded per point)."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        ok = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to fix there
+        ok = False
+    if not ok:
+        return "malloc threshold left as is (no glibc mallopt)"
+    return f"glibc mmap threshold fixed at {MMAP_THRESHOLD_BYTES // 1024} KiB"
 
 
 class PeakMemory:

@@ -104,7 +104,8 @@ class Runner:
     def _spawn(self, task: PointRun, port: int, work_dir: Path, procs: list[tuple[int, subprocess.Popen]]) -> None:
         p = self.point
         spec = {
-            "device": p.device, "world_size": self.slots.world_size, "master_addr": self.slots.master_addr
+            "device": p.device, "world_size": p.cp if p.emulate else self.slots.world_size,
+            "emulate": p.emulate, "comm_reserve_gib": p.comm_reserve_gib, "master_addr": self.slots.master_addr
             if self.slots.num_supervisors > 1 else "127.0.0.1", "master_port": port,
             "mesh_shape": list(p.mesh_shape), "mesh_dim_names": list(p.mesh_dim_names),
             "model": p.model, "seed": p.seed, "train": p.train, "memory_limit_gib": p.memory_limit_gib,

@@ -57,7 +57,7 @@ def run_rank(spec: dict, rank: int, device_index: int, outcome: dict) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from cpbench.harness import memory
+    from cpbench.harness import emulation, memory
     from cpbench.harness.energy import energy_per_step, gpu_energy_j
     from cpbench.models.api import adapter_stats, load_adapter
 
@@ -67,20 +67,23 @@ def run_rank(spec: dict, rank: int, device_index: int, outcome: dict) -> None:
         device = torch.device("cuda", device_index)
     else:
         device = torch.device("cpu")
-    dist.init_process_group(
-        "nccl" if device.type == "cuda" else "gloo",
-        init_method=f"tcp://{spec['master_addr']}:{spec['master_port']}",
-        rank=rank, world_size=spec["world_size"],
-        timeout=_dt.timedelta(seconds=float(spec["timeout_s"]) + 60),
-        **({"device_id": device} if device.type == "cuda" else {}),
-    )
+    if spec.get("emulate"):
+        emulation.init_fake_group(rank, spec["world_size"])
+    else:
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            init_method=f"tcp://{spec['master_addr']}:{spec['master_port']}",
+            rank=rank, world_size=spec["world_size"],
+            timeout=_dt.timedelta(seconds=float(spec["timeout_s"]) + 60),
+            **({"device_id": device} if device.type == "cuda" else {}),
+        )
     mesh = init_device_mesh(device.type, tuple(spec["mesh_shape"]), mesh_dim_names=tuple(spec["mesh_dim_names"]))
     # The model's code is imported before the cap: on a CPU the cap counts what the point
     # allocates, not the modules its adapter happens to import (torch._dynamo alone is tens of MiB).
     adapter = load_adapter(spec["model"])
     _barrier(device)  # every rank's transport is up before the cap is measured from here
 
-    outcome["memory_limit"] = memory.apply_limit(spec["memory_limit_gib"], device)
+    outcome["memory_limit"] = memory.apply_limit(spec["memory_limit_gib"], device, spec.get("comm_reserve_gib") or 0.0)
     peak = memory.PeakMemory(device)
     outcome["memory_measure"] = peak.measure
     peak.reset()
@@ -123,6 +126,8 @@ def run_rank(spec: dict, rank: int, device_index: int, outcome: dict) -> None:
     outcome["peak_alloc_gib"], outcome["peak_reserved_gib"] = peak.read_gib()
     outcome["warmup_ms"], outcome["times_ms"] = warmup_ms, times_ms
     outcome["loss"] = float(loss.detach().float().item()) if isinstance(loss, torch.Tensor) else None
+    if spec.get("emulate"):  # the filled receive buffers must leave the step's numbers finite
+        emulation.check_finite(outcome["loss"], adapter_stats(adapter))
     outcome["stats"] = adapter_stats(adapter)
     # An adapter that resets the CUDA peak per stage (stage_peak_gib) cleared the process peak too.
     stage_peaks = [v for v in (outcome["stats"].get("stage_peak_gib") or {}).values() if v is not None]

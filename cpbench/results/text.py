@@ -23,13 +23,25 @@ def one_line(record: dict) -> str:
     return head
 
 
+def start_line(point: dict, routine: str, routine_asked: str | None = None) -> str:
+    """The job's first line: what it runs, where, in which dtype and why (``dtype=auto``)."""
+    what = {"probe": "max-N probe", "timing": f"timing at N={point.get('N')}"}.get(routine, routine)
+    if routine_asked == "auto":
+        what += " (routine=auto)"
+    model = (point.get("model") or {}).get("name", "?")
+    cap = point.get("memory_limit_gib")
+    return (f"cpbench: {what} of model {model}, {point.get('workflow')} {point.get('topology')} cp={point.get('cp')} "
+            f"on {point.get('device')}{f' with a {cap:g} GiB/rank memory cap' if cap else ''}, "
+            f"dtype {point.get('dtype')} ({point.get('dtype_reason') or 'asked'})")
+
+
 def summary(record: dict) -> str:
     """A one-paragraph account of what the job did (printed by ``python -m cpbench``)."""
     p = record.get("point") or {}
     model = (p.get("model") or {}).get("name", "?")
     cap = p.get("memory_limit_gib")
     where = (f"model {model}, {p.get('workflow')} {p.get('topology')} cp={p.get('cp')} on {p.get('device')}"
-             f"{f' with a {cap:g} GiB/rank memory cap' if cap else ''}")
+             f"{f' in {dt}' if (dt := p.get('dtype')) else ''}{f' with a {cap:g} GiB/rank memory cap' if cap else ''}")
     path = record.get("_path", "result.json")
     if record.get("routine") == "probe":
         pts = record.get("points") or []

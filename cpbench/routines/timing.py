@@ -14,6 +14,7 @@ from pathlib import Path
 
 from cpbench.config import Point
 from cpbench.harness.runner import PointRun, Runner
+from cpbench.link import link_from_config, predict
 
 
 def summarize_times(times_per_rank: list[list[float]]) -> dict:
@@ -22,6 +23,18 @@ def summarize_times(times_per_rank: list[list[float]]) -> dict:
     q1, _, q3 = statistics.quantiles(times_ms, n=4, method="inclusive") if len(times_ms) > 1 else (times_ms * 3)
     return {"times_ms": [round(t, 4) for t in times_ms], "median_ms": statistics.median(times_ms),
             "iqr_ms": q3 - q1, "min_ms": min(times_ms), "max_ms": max(times_ms)}
+
+
+def comm_model(point: Point, counts: dict, median_ms: float) -> dict:
+    """The ``comm_model`` block: the link's time for the step's counted collectives
+    (``cpbench.link.predict``). Emulated, the median is compute alone and the block's range is
+    the predicted step; measured, the median already holds the communication (``measured_ms``)."""
+    block = predict(link_from_config(point.link), counts, median_ms)
+    if not point.emulate:  # the measured step is compute and communication already
+        for key in ("compute_ms", "step_ms_range", "dominant"):
+            block.pop(key)
+        block["measured_ms"] = round(median_ms, 3)
+    return block
 
 
 def run_timing(point: Point, runner: Runner, out_dir: Path | None) -> dict:
@@ -48,9 +61,12 @@ def run_timing(point: Point, runner: Runner, out_dir: Path | None) -> dict:
     out["tokens_per_s"] = point.N / (out["median_ms"] / 1e3) if out["median_ms"] > 0 else None
     out["loss"] = result.ranks[0].get("loss")
     out["stats"] = result.ranks[0].get("stats") or {}
+    counts = out["stats"].get("comm_step")
+    if counts and point.link:  # what the step's collectives cost on the configured link
+        out["comm_model"] = comm_model(point, counts, out["median_ms"])
     energy = result.per_rank("energy_j_per_step")  # NVML, per rank's GPU; absent without the counter
     if any(e is not None for e in energy):
         out["energy_j_per_step_per_rank"] = energy
     if profile_path:
-        out["profile_traces"] = [Path(profile_path.format(rank=r)).name for r in range(point.cp)]
+        out["profile_traces"] = [Path(profile_path.format(rank=r)).name for r in range(point.ranks_launched)]
     return out

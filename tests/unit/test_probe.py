@@ -36,8 +36,9 @@ class ScriptedRunner:
 
 
 def probe_point(**probe):
+    """A CPU probe point; the search alone (``probe.verify`` is specified in test_probe_strategy)."""
     point = compose_point("device=cpu", "model=tiny", "cp=2")
-    return replace(point, probe=replace(point.probe, **probe))
+    return replace(point, probe=replace(point.probe, **{"verify": False, **probe}))
 
 
 def test_probe_ramps_then_bisects_to_the_granularity():
@@ -51,7 +52,7 @@ def test_probe_ramps_then_bisects_to_the_granularity():
 
 def test_probe_n_values_are_multiples_of_the_padding_unit():
     point = compose_point("device=cpu", "model=tiny", "topology=2d", "cp=6", "topology.cp0=3")  # unit lcm(3,2)=6
-    point = replace(point, probe=replace(point.probe, start=6, granularity=6, depth=None))
+    point = replace(point, probe=replace(point.probe, start=6, granularity=6, depth=None, verify=False))
     runner = ScriptedRunner(max_fit_n=50)
     out = Probe(point, runner, None, "sig").run()
     assert all(n % 6 == 0 for n, _ in runner.calls)

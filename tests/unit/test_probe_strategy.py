@@ -51,7 +51,7 @@ class RuleRunner:
 
 def probe_point(limit_gib: float = CAP_GIB, **probe):
     point = compose_point("device=cpu", "model=tiny", "cp=2")
-    return replace(point, memory_limit_gib=limit_gib, probe=replace(point.probe, depth=None, **probe))
+    return replace(point, memory_limit_gib=limit_gib, probe=replace(point.probe, **{"depth": None, "verify": False, **probe}))
 
 
 def true_max_n(peak_gib=quadratic_gib, unit: int = 2) -> int:
@@ -191,11 +191,11 @@ def test_restarted_predict_probe_replays_its_points(tmp_path):
 
 def test_probe_strategy_and_verify_resolve_per_device():
     base = {"start": 32, "granularity": 64, "growth": 2, "timeout_s": 60, "depth": "auto", "max_points": 32}
-    for device, strategy, verify in (("cuda", "predict", True), ("cpu", "bisect", False)):
+    for device, strategy, verify in (("cuda", "predict", True), ("cpu", "bisect", True)):
         settings = _probe_settings(base | {"strategy": "auto", "verify": "auto"}, device, 1, False, {})
         assert (settings.strategy, settings.verify) == (strategy, verify)
-    settings = _probe_settings(base | {"strategy": "predict", "verify": True}, "cpu", 1, False, {})
-    assert (settings.strategy, settings.verify) == ("predict", True)
+    settings = _probe_settings(base | {"strategy": "predict", "verify": False}, "cpu", 1, False, {})
+    assert (settings.strategy, settings.verify) == ("predict", False)
     for key, value in (("strategy", "guess"), ("verify", "maybe")):
         with pytest.raises(ConfigError, match=f"probe.{key}"):
             _probe_settings(base | {key: value}, "cpu", 1, False, {})

@@ -121,7 +121,7 @@ def test_readout_says_which_cp_sizes_were_measured_and_which_not():
     assert coverage_sentences(rows[rows["cp"] <= 4]) == ["CP sizes measured: 2, 4."]
 
 
-def test_a_point_beyond_the_gpus_here_names_the_gpus_and_the_slurm_command(monkeypatch):
+def test_a_point_beyond_the_gpus_here_names_the_gpus_the_slurm_command_and_the_emulation(monkeypatch):
     from cpbench import job
     from cpbench.harness.slots import Slots
 
@@ -130,4 +130,8 @@ def test_a_point_beyond_the_gpus_here_names_the_gpus_and_the_slurm_command(monke
     slots = Slots("local", 4, 0, 1, (0, 1, 2, 3), (0, 0, 0, 0))
     message = job._gpu_shortage(point, slots, ["workflow=training", "cp=4", "N=1024"])
     assert message == ("cp=4 needs 4 GPUs, 1 visible here; run it with: "
-                       "python -m cpbench -m hydra/launcher=slurm workflow=training cp=4 N=1024")
+                       "python -m cpbench -m hydra/launcher=slurm workflow=training cp=4 N=1024; "
+                       "or emulate it on one GPU (per-rank memory and compute; communication modelled): "
+                       "python -m cpbench workflow=training cp=4 N=1024 emulate=true")
+    emulated = replace(point, emulate=True)
+    assert job._gpu_shortage(emulated, slots, ["cp=4", "emulate=true"]) is None  # one GPU is enough

@@ -23,6 +23,7 @@ from torch import nn
 
 from cpbench.data.sharding import pad_features
 from cpbench.data.synthetic import MSA_KEYS, make_synthetic_features
+from cpbench.models import dtypes
 from cpbench.models.pairformer.modules.cuda_graphs import GraphedBlocks, GraphedDenoiser
 from cpbench.models.pairformer.modules.diffusion import BOLTZ2_SIZES, DiffusionModule
 from cpbench.models.pairformer.modules.sampler import sample
@@ -73,6 +74,20 @@ def all_reduce_grads(model: nn.Module, layout: Layout) -> None:
         offset += g.numel()
 
 
+def _finite_if_emulated(layout: Layout, s: torch.Tensor, z: torch.Tensor) -> bool | None:
+    """Under emulated CP (the fake backend, ``comm.is_fake``): whether the trunk's outputs are
+    finite (one fp32 sum per tensor: a reduction allocates nothing of z's size, and any inf or
+    NaN makes the sum non-finite; ``harness.emulation.check_finite`` reads it); None otherwise."""
+    if not comm.is_fake(layout.group):
+        return None
+    return all(bool(torch.isfinite(t.sum(dtype=torch.float32))) for t in (s, z))
+
+
+def _heaviest(blocks: list[dict]) -> dict:
+    """The per-kind counts of the block that sent the most bytes ({} without a sharded block)."""
+    return max(blocks, key=lambda b: sum(v["bytes"] for v in b.values()), default={})
+
+
 class PairformerAdapter:
     """Hydra target of ``model=pairformer|boltz2|af3|tiny`` (``conf/model/``)."""
 
@@ -83,13 +98,13 @@ class PairformerAdapter:
                  c_m: int = 64, msa_blocks: int = 4, sampling: bool = False, sampling_steps: int = 200,
                  samples: int = 5, diffusion: dict | None = None, kernels: str = "auto",
                  compile_training: bool = True, cuda_graphs: bool = False) -> None:
-        if dtype not in TORCH_DTYPES:
-            raise ValueError(f"dtype={dtype!r}: allowed {sorted(TORCH_DTYPES)}")
+        if dtype not in TORCH_DTYPES and dtype != "auto":
+            raise ValueError(f"dtype={dtype!r}: allowed auto, {', '.join(sorted(TORCH_DTYPES))}")
         self.sizes = dict(c_s=c_s, c_z=c_z, blocks=blocks, heads_single=heads_single, heads_tri=heads_tri,
                           head_dim_tri=head_dim_tri, transition_factor=transition_factor)
         self.sizes.update(c_atom=c_atom, c_atompair=c_atompair, atom_blocks=atom_blocks, atom_heads=atom_heads,
                           c_m=c_m, msa_blocks=msa_blocks)  # atom encoder, MSA module
-        self.dtype = TORCH_DTYPES[dtype]
+        self.dtype_name = dtype  # "auto" resolves on the device (build_model: cpbench.models.dtypes)
         self.recycles, self.checkpointing, self.lr = int(recycles), bool(checkpointing), float(lr)
         # Diffusion sampling after the trunk (inference only; ``diffusion.DiffusionModule`` sizes).
         self.sampling, self.sampling_steps, self.samples = bool(sampling), int(sampling_steps), int(samples)
@@ -107,6 +122,7 @@ class PairformerAdapter:
         selects this process's kernel backend (``ops/kernels.py``)."""
         ops_kernels.select(self.kernels, torch.device(device))
         ops_kernels.compile_training(self.compile_training)
+        self.dtype = TORCH_DTYPES[dtypes.resolve(self.dtype_name, torch.device(device).type)[0]]
         model = PairformerTrunk(**self.sizes).to(device=device, dtype=self.dtype)
         model.layout = layout_from_mesh(mesh)
         model.graphs = GraphedBlocks() if self.cuda_graphs else None
@@ -163,14 +179,19 @@ class PairformerAdapter:
             with torch.no_grad():
                 with timer.stage("trunk"):
                     s, z = model(batch, layout, recycles=recycles, run_blocks=run_blocks, timer=timer)
+                finite = _finite_if_emulated(layout, s, z)
                 if model.diffusion is not None:
                     with timer.stage("sampling"):
                         ctx = model.diffusion.prepare(s, z, model.s_inputs, batch, layout)
                         del s, z  # z now holds the normalised pair conditioning (ctx.z_hat)
-                        sample(model.diffusion, ctx, self.sampling_steps, self.samples, model.sampling_seed,
-                               run_steps=run_blocks, run_blocks=run_blocks, graphs=model.denoiser_graphs)
+                        coords = sample(model.diffusion, ctx, self.sampling_steps, self.samples, model.sampling_seed,
+                                        run_steps=run_blocks, run_blocks=run_blocks, graphs=model.denoiser_graphs)
                         del ctx
+                        if finite is not None and isinstance(coords, torch.Tensor):
+                            finite = finite and bool(torch.isfinite(coords.sum(dtype=torch.float32)))
             self._record(model, start_s, now_s(batch["token_mask"]), None, timer)
+            if finite is not None:
+                self._stats["outputs_finite"] = finite
             return None
         if model.optimizer is None:
             model.optimizer = torch.optim.AdamW(model.parameters(), lr=self.lr)
@@ -205,6 +226,8 @@ class PairformerAdapter:
             "stage_ms": stage_ms,
             "comm_bytes_per_block": max(model.block_comm_bytes, default=0),
             "comm_bytes_step": comm.BYTES.sent_b,
+            "comm_per_block": _heaviest(model.block_comm),
+            "comm_step": comm.BYTES.snapshot(),
             "kernels": ops_kernels.ran(training=end_s is not None, device=next(model.parameters()).device),
             "compile_s": round(ops_kernels.compile_seconds(), 3),
         }
@@ -226,7 +249,9 @@ class PairformerAdapter:
         module, trunk -- the blocks and recycling alone --, sampling with ``workflow.sampling``;
         training: forward, backward_optimizer; both: block_mean),
         ``comm_bytes_per_block`` (bytes this rank sent in one block's forward) and
-        ``comm_bytes_step`` (the whole step, backward and gradient all-reduce included); on CUDA,
+        ``comm_bytes_step`` (the whole step, backward and gradient all-reduce included),
+        ``comm_per_block`` and ``comm_step`` (the same per collective kind: ``{kind: {"calls",
+        "bytes"}}``, kinds ``comm.KINDS``; the block is the one that sent most); on CUDA,
         where attention pieces were merged (2d), ``attention_lse_kernel`` (``cudnn`` or
         ``efficient``, see ``sdpa_lse``); ``kernels`` (the backend whose ops ran: ``torch``, ``flex`` or
         ``cueq``; ``torch`` for training under ``flex`` without compiled training, ``kernels.ran``)

@@ -35,11 +35,10 @@ from typing import Any, ClassVar, Iterator
 import torch
 from torch import nn
 
+from cpbench.models import dtypes
 from cpbench.models.api import AdapterConfigError
 from cpbench.models.pairformer.stage_timer import StageTimer
 from cpbench.models.stock.packages import STOCK_PACKAGES, StockPackageError, import_trunk_module, installed_version
-
-DTYPES = ("bf16", "fp32")
 
 
 @dataclass
@@ -93,8 +92,8 @@ class StockAdapter:
 
     def __init__(self, sizes: dict[str, int], *, dropout: float, dtype: str, recycles: int, checkpointing: bool,
                  lr: float, kernels: str) -> None:
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype={dtype!r}: allowed {', '.join(DTYPES)}")
+        if dtype not in dtypes.DTYPES:
+            raise ValueError(f"dtype={dtype!r}: allowed {', '.join(dtypes.DTYPES)}")
         if kernels not in self.kernel_choices:
             raise ValueError(f"kernels={kernels!r}: allowed {', '.join(self.kernel_choices)}")
         self.sizes = dict(sizes)
@@ -147,6 +146,7 @@ class StockAdapter:
     def build_model(self, mesh: Any, device: torch.device) -> nn.Module:
         """The stock trunk with random weights in fp32 on ``device`` (built there directly)."""
         device = torch.device(device)
+        self.dtype = dtypes.resolve(self.dtype, device.type)[0]  # "auto" resolves on the device
         with device:
             return self.build_trunk()
 

@@ -24,7 +24,8 @@ from cpbench.models.pairformer.stage_timer import Laps, StageTimer, maybe_stage
 class PairformerTrunk(nn.Module):
     """``forward(feats, layout, recycles, run_blocks, checkpointing) -> (s, z)``.
 
-    After each forward, ``block_comm_bytes`` (bytes this rank sent in each block's forward)
+    After each forward, ``block_comm_bytes`` (bytes this rank sent in each block's forward),
+    ``block_comm`` (the same per collective kind, calls and bytes: ``comm.CommCounter``)
     and ``block_ms`` (each block's forward time: CUDA events, so timing a block does not drain
     the launch queue; reading it synchronises) describe the last cycle. With ``graphs``
     (``model.cuda_graphs``: a ``cuda_graphs.GraphedBlocks``) an inference pass replays its blocks
@@ -49,6 +50,7 @@ class PairformerTrunk(nn.Module):
         self.blocks = nn.ModuleList(
             PairformerBlock(c_s, c_z, heads_single, heads_tri, head_dim_tri, transition_factor) for _ in range(blocks))
         self.block_comm_bytes: list[int] = []
+        self.block_comm: list[dict] = []  # per block: {kind: {"calls", "bytes"}} (comm.CommCounter)
         self._block_laps: Laps | None = None
         self.graphs: GraphedBlocks | None = None  # model.cuda_graphs: the blocks as a replayed graph
 
@@ -110,7 +112,7 @@ class PairformerTrunk(nn.Module):
                 if self.msa_module is not None:
                     with maybe_stage(timer, "msa"):
                         z = self.msa_module(feats, s_inputs, z, layout, run_blocks, checkpointing)
-                self.block_comm_bytes, self._block_laps = [], None
+                self.block_comm_bytes, self.block_comm, self._block_laps = [], [], None
                 replayed = (self.graphs.run(self._run_blocks, blocks, s, z, token_mask, layout)
                             if self.graphs is not None else None)
                 if replayed is not None:  # one graph: no per-block times; its peak is the capture's
@@ -128,9 +130,10 @@ class PairformerTrunk(nn.Module):
         """The block loop (eager, or recorded into a CUDA graph, ``cuda_graphs``): ``(s, z)``
         after ``blocks``; appends each block's sent bytes to ``block_comm_bytes``, marks ``laps``."""
         for block in blocks:
-            sent_b = comm.BYTES.sent_b
+            before = comm.BYTES.snapshot()
             s, z = run_block(block, s, z, token_mask, layout, checkpointing=checkpointing)
-            self.block_comm_bytes.append(comm.BYTES.sent_b - sent_b)
+            self.block_comm.append(comm.BYTES.since(before))
+            self.block_comm_bytes.append(sum(v["bytes"] for v in self.block_comm[-1].values()))
             if laps is not None:
                 laps.mark()
         return s, z

@@ -1,6 +1,7 @@
 """Collectives of the sharded trunk: autograd-aware, and counting the bytes each rank sends.
 
-Every collective goes through this module so that ``BYTES`` holds what this rank sent (the
+Every collective goes through this module so that ``BYTES`` holds what this rank sent, per
+collective kind (calls and bytes: ``CommCounter``; the
 bandwidth-optimal ring volume: all-gather of ``x`` sends ``(P-1)·|x|``, reduce-scatter of
 ``y`` sends ``(P-1)/P·|y|``, all-to-all of ``y`` sends ``(P-1)/P·|y|``, all-reduce of ``y``
 sends ``2(P-1)/P·|y|``). The trunk snapshots it per block for ``stats()``.
@@ -12,31 +13,76 @@ all-reduce. The pair transposes are ``transpose.py``; point-to-point moves ``p2p
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
 
 from cpbench.models.pairformer.parallel.layout import Layout
 
+# Collective kinds counted apart (the communication model prices each with its own bus bandwidth).
+KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "p2p")
 
-class ByteCounter:
-    """Bytes this rank has sent through ``comm`` since the last ``reset``."""
+
+class CommCounter:
+    """Calls and bytes this rank has sent through ``comm``, per collective kind, since ``reset``.
+
+    A p2p call is one ``batch_isend_irecv`` exchange (its sends' bytes); an agreement (``agree_min``)
+    counts as an all-reduce."""
 
     def __init__(self) -> None:
-        self.sent_b = 0
+        self.calls = dict.fromkeys(KINDS, 0)
+        self.bytes = dict.fromkeys(KINDS, 0)
 
     def reset(self) -> None:
-        self.sent_b = 0
+        self.calls, self.bytes = dict.fromkeys(KINDS, 0), dict.fromkeys(KINDS, 0)
 
-    def add(self, n_bytes: float) -> None:
-        self.sent_b += int(n_bytes)
+    def add(self, n_bytes: float, kind: str) -> None:
+        self.calls[kind] += 1
+        self.bytes[kind] += int(n_bytes)
+
+    @property
+    def sent_b(self) -> int:
+        """Bytes sent, every kind together."""
+        return sum(self.bytes.values())
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        """``{kind: {"calls": c, "bytes": b}}`` so far (kinds without a call left out)."""
+        return {k: {"calls": self.calls[k], "bytes": self.bytes[k]} for k in KINDS if self.calls[k]}
+
+    def since(self, earlier: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+        """What was counted after the ``earlier`` snapshot, per kind."""
+        now = self.snapshot()
+        out = {}
+        for kind, v in now.items():
+            before = earlier.get(kind, {"calls": 0, "bytes": 0})
+            if v["calls"] > before["calls"]:
+                out[kind] = {"calls": v["calls"] - before["calls"], "bytes": v["bytes"] - before["bytes"]}
+        return out
 
 
-BYTES = ByteCounter()
+BYTES = CommCounter()
 # The *_single names replace the *_tensor ones in recent torch; same semantics.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def is_fake(group: Any = None) -> bool:
+    """Whether ``group`` runs on torch's fake backend (emulated CP, ``cpbench.harness.emulation``):
+    every collective returns at once and writes nothing, so the callers below fill what a real
+    peer would have sent (``fill_*``): values stay finite and no data-dependent path differs."""
+    return dist.is_initialized() and dist.get_backend(group) == "fake"
+
+
+def _gloo_staging(like: torch.Tensor) -> torch.Tensor | None:
+    """Emulated CP on a CPU stands for gloo, whose all-gather and reduce-scatter stage the whole
+    output (all-gather) or input (reduce-scatter) in a buffer of their own (measured: 64 MiB more
+    peak resident memory around a 64 MiB all-gather or reduce-scatter on 2 ranks; its all-to-all
+    and all-reduce none): the fake collective allocates and touches the same transient buffer so
+    that the emulated peak is gloo's. NCCL (CUDA) writes in place: nothing there."""
+    if like.device.type != "cpu":
+        return None
+    return torch.empty_like(like).fill_(0)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -47,23 +93,32 @@ def gather_into(out: torch.Tensor, x: torch.Tensor, layout: Layout) -> torch.Ten
     """Raw all-gather along dim 0: ``out: [P*n, ...]`` (or ``[P, n, ...]``) <- every rank's
     ``x: [n, ...]``."""
     _all_gather(out.view(-1, *x.shape[1:]), x.contiguous(), group=layout.group)
-    BYTES.add((layout.size - 1) * _nbytes(x))
+    BYTES.add((layout.size - 1) * _nbytes(x), "all_gather")
+    if is_fake(layout.group):  # every peer's rows: this rank's, as if all held the same
+        staged = _gloo_staging(out)
+        out.view(layout.size, *x.shape).copy_(x.unsqueeze(0).expand(layout.size, *x.shape))
+        del staged
     return out
 
 
 def reduce_scatter_into(out: torch.Tensor, y: torch.Tensor, layout: Layout) -> torch.Tensor:
     """Raw reduce-scatter (sum) along dim 0: ``out: [n, ...]`` <- sum over ranks of this
     rank's block of ``y: [P*n, ...]`` (or ``[P, n, ...]``)."""
-    _reduce_scatter(out, y.contiguous().view(-1, *out.shape[1:]), group=layout.group)
-    BYTES.add((layout.size - 1) * _nbytes(y) / layout.size)
+    y = y.contiguous()
+    _reduce_scatter(out, y.view(-1, *out.shape[1:]), group=layout.group)
+    BYTES.add((layout.size - 1) * _nbytes(y) / layout.size, "reduce_scatter")
+    if is_fake(layout.group):  # this rank's own block (the peers' contributions are not there)
+        staged = _gloo_staging(y)
+        out.copy_(y.view(layout.size, *out.shape)[layout.rank])
+        del staged
     return out
 
 
 def all_reduce_(t: torch.Tensor, layout: Layout) -> torch.Tensor:
     """In-place sum over the CP group (no autograd)."""
     if layout.sharded:
-        dist.all_reduce(t, group=layout.group)
-        BYTES.add(2 * (layout.size - 1) * _nbytes(t) / layout.size)
+        dist.all_reduce(t, group=layout.group)  # fake: t stays this rank's own (finite)
+        BYTES.add(2 * (layout.size - 1) * _nbytes(t) / layout.size, "all_reduce")
     return t
 
 
@@ -96,7 +151,7 @@ def agree_min(n: int | tuple[int, ...], layout: Layout, like: torch.Tensor) -> i
         return n
     t = torch.tensor(n if isinstance(n, tuple) else [n], dtype=torch.int64, device=like.device)
     dist.all_reduce(t, op=dist.ReduceOp.MIN, group=layout.group)
-    BYTES.add(2 * (layout.size - 1) * t.numel() * t.element_size() / layout.size)
+    BYTES.add(2 * (layout.size - 1) * t.numel() * t.element_size() / layout.size, "all_reduce")
     return tuple(t.tolist()) if isinstance(n, tuple) else int(t.item())
 
 
@@ -152,5 +207,5 @@ def max_over_(x: torch.Tensor, layout: Layout) -> torch.Tensor:
     """In-place element-wise max over the layout's group (no autograd)."""
     if layout.sharded:
         dist.all_reduce(x, op=dist.ReduceOp.MAX, group=layout.group)
-        BYTES.add(2 * (layout.size - 1) * _nbytes(x) / layout.size)
+        BYTES.add(2 * (layout.size - 1) * _nbytes(x) / layout.size, "all_reduce")
     return x

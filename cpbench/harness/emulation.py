@@ -1,0 +1,49 @@
+"""Emulated context parallelism: rank 0 of a cp=K group, alone on one device (``emulate=true``).
+
+The worker joins torch's fake process group (``init_process_group("fake", store=FakeStore(),
+rank=0, world_size=K)``): the same DeviceMesh (``("cp",)`` or ``("cp0", "cp1")``), the same
+model, batch and step as rank 0 of a real run, and every collective returns at once without
+moving or writing anything. What that measures exactly is this rank's memory (its shards, its
+chunk buffers, the receive buffers the collectives would fill: all allocated as in a real run)
+and its compute time; what it cannot measure (time on the link, the communicator's own device
+memory) is modelled: ``emulate.comm_reserve_gib`` is held back from the device
+(``memory.apply_limit``), and the collectives' counted calls and bytes
+(``stats.comm_per_block``, ``stats.comm_step``) become time through a ``link`` model
+(``cpbench.report.comm_model``).
+
+Why rank 0 stands for every rank: every sharded axis is padded to a multiple of the mesh size,
+so every rank holds shards of one shape and runs the same ops on them (chunk sizes are agreed
+from equal budgets); rank 0 holds no padding rows (padding sits at the end of the token axis),
+so its masks are the densest, and in 2d it is the rank of its grid row that owns the single
+representation (``Layout.owns_single``): the largest share of the work. Receive buffers the fake
+backend leaves untouched are filled by the callers (``models/pairformer/parallel/comm.py``,
+``p2p.py``, ``transpose.py``) with what this rank itself sent, so values stay finite and of the
+same magnitude; ``check_finite`` verifies the step's numbers. A user's adapter is emulated as it
+is: its own collectives also return at once, and its receive buffers hold what it allocated.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def init_fake_group(rank: int, world_size: int) -> None:
+    """Join torch's fake process group as ``rank`` of ``world_size`` (importing ``fake_pg``
+    registers the backend)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+
+
+class NonFiniteStep(RuntimeError):
+    """An emulated step produced inf or NaN: a receive buffer the fake group left unfilled."""
+
+
+def check_finite(loss: float | None, stats: dict) -> None:
+    """Raise ``NonFiniteStep`` when the step's loss, or the outputs the adapter checked
+    (``stats["outputs_finite"]``, the reference adapter under emulation), are not finite."""
+    if loss is not None and not math.isfinite(loss):
+        raise NonFiniteStep(f"emulated step: loss {loss} is not finite")
+    if stats.get("outputs_finite") is False:
+        raise NonFiniteStep("emulated step: outputs are not finite")
