@@ -53,10 +53,13 @@ def memory_capacity_gib(point: Point, broadcast: Callable) -> tuple[float | None
 
     ``memory.limit_gib`` when set (the cap a worker enforces; on a CPU the only one), else on
     CUDA the GPU's total memory through NVML (supervisor 0's answer, so that every supervisor
-    predicts the same N); (None, None) when neither is known.
+    predicts the same N); (None, None) when neither is known. Emulated CP holds
+    ``emulate.comm_reserve_gib`` back from either (``harness.memory.apply_limit``).
     """
+    reserve = point.comm_reserve_gib if point.emulate else 0.0
+    less = f" - emulate.comm_reserve_gib {reserve:g}" if reserve else ""
     if point.memory_limit_gib is not None:
-        return float(point.memory_limit_gib), "memory.limit_gib"
+        return float(point.memory_limit_gib) - reserve, "memory.limit_gib" + less
     total = None
     if point.device == "cuda":
         from cpbench.harness.env import nvml_metadata
@@ -66,7 +69,7 @@ def memory_capacity_gib(point: Point, broadcast: Callable) -> tuple[float | None
         except Exception:  # noqa: BLE001 - no NVML answer: the probe bisects instead
             total = None
         total = broadcast(total)
-    return (float(total), "gpu_memory_gib") if total else (None, None)
+    return (float(total) - reserve, "gpu_memory_gib" + less) if total else (None, None)
 
 
 def predict_max_n(points: list[dict], capacity: tuple[float | None, str | None], cp: int, unit: int) -> Prediction:

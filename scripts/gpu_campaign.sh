@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Run a list of cpbench jobs on a GPU machine that reaches no package index, into one folder.
+#
+#   OUT=/path/to/results BUDGET_S=590 bash scripts/gpu_campaign.sh CAMPAIGN_FILE
+#
+# CAMPAIGN_FILE has one job per line: NAME NEEDED_S OVERRIDES... (blank lines and # comments
+# skipped). Each job runs `python -m cpbench OVERRIDES hydra.run.dir=$OUT/NAME` (a line whose
+# overrides start with -m runs a multirun into hydra.sweep.dir=$OUT/NAME) when at least NEEDED_S
+# seconds of BUDGET_S remain, and is stopped 5 s before the budget ends (its supervisor stops its
+# workers; a probe keeps its probe_state.json, so the same line continues it in a later call when
+# its folder is carried back as $OUT/NAME: set RESUME_FROM=DIR to copy DIR/NAME there first).
+#
+# Set up first (once per machine): the pure-Python wheels cpbench needs beyond torch (hydra-core,
+# omegaconf, antlr4, submitit, hydra-submitit-launcher) copied into .whl/ of the repository
+# (ignored by git); they are installed into /tmp/site, and cpbench runs from the tree.
+# Every job's log is $OUT/NAME.log; nvidia-smi before and after, the environment, and an
+# archive of the whole folder ($OUT/all.tgz) land in $OUT too.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+CAMPAIGN=${1:?usage: OUT=DIR BUDGET_S=S bash scripts/gpu_campaign.sh CAMPAIGN_FILE}
+OUT=${OUT:?set OUT}
+BUDGET_S=${BUDGET_S:-590}
+START=$(date +%s)
+mkdir -p "$OUT"
+left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
+
+if ! python3 -c "import hydra, submitit" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+    || { echo "cannot install .whl/*.whl"; exit 1; }
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONUNBUFFERED=1
+# the tree may have no .git: its commit (commit.txt, when present) goes into every result.json
+if [ -f commit.txt ]; then export CPBENCH_GIT_COMMIT=$(cat commit.txt); cp commit.txt "$OUT/"; fi
+{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version())"
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+nvidia-smi > "$OUT/nvidia-smi_before.txt" 2>&1
+
+while read -r name need args; do
+  [ -z "${name:-}" ] || [ "${name#\#}" != "$name" ] && continue
+  if [ "$(left)" -lt "$need" ]; then echo "skip $name: $(left) s left, needs $need"; continue; fi
+  if [ -n "${RESUME_FROM:-}" ] && [ -d "$RESUME_FROM/$name" ]; then
+    cp -r "$RESUME_FROM/$name" "$OUT/$name" && rm -f "$OUT/$name/result.json"
+  fi
+  dir_key=hydra.run.dir; case "$args" in -m\ *) dir_key=hydra.sweep.dir;; esac
+  t0=$(date +%s)
+  # shellcheck disable=SC2086  # the overrides are words
+  timeout $(( $(left) - 5 )) python3 -m cpbench $args "$dir_key=$OUT/$name" > "$OUT/$name.log" 2>&1
+  echo "job $name rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/$name.log" | cut -c1-500)"
+  grep -h "probe N=\|probe verify\|predicted\|depth check" "$OUT/$name.log" | cut -c1-300
+done < "$CAMPAIGN"
+
+nvidia-smi > "$OUT/nvidia-smi_after.txt" 2>&1
+tar czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")" && mv "$OUT.tgz" "$OUT/all.tgz"
+echo "done in $(( $(date +%s) - START )) s"
