@@ -409,7 +409,7 @@ def _link(node: Any) -> dict:
     """The ``link`` node, checked by building its model (one line naming the key on a mistake);
     a calibration file's figures are read in (``link=measured link.file=FILE``)."""
     try:
-        model = link_from_config(node or {})
+        link_from_config(node or {})
     except LinkError as exc:
         key, _, allowed = str(exc).partition(": ")
         raise ConfigError(key.split("=")[0], key.partition("=")[2], allowed) from None
