@@ -21,6 +21,9 @@ BRACKET_FRACTION = 0.05     # half-width of a loose first bracket, relative to t
 # H200 the lean fit of N=1,024-4,096 had a 2.4 % residual and predicted the peak at N=16,512
 # within 0.7 % (132.5 against 133.4 GiB reserved).
 TIGHT_FIT_RESIDUAL = 0.05
+# The fit's N² term must hold this share of the peak at the largest fitted N for a prediction
+# (on one H200 a 1d cp=2 trunk's lean points had 61 % at N=4,096 and predicted within 6.3 %).
+QUADRATIC_SHARE_MIN = 0.25
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,14 @@ def predict_max_n(points: list[dict], capacity: tuple[float | None, str | None],
         return Prediction(capacity_gib=capacity_gib, capacity_source=source,
                           fallback=f"{len(set(ns))} of {PREDICT_POINTS} points fit with a measured peak")
     fit = fit_peak_memory(ns, peaks, cp=cp)
+    quadratic_gib = fit.a * ns[-1] ** 2
+    if quadratic_gib < QUADRATIC_SHARE_MIN * fit.predict_gib(ns[-1]):
+        # Peaks that grow about linearly over the cheap points say little of the N² term that
+        # sets the limit (a 2x2 grid's N=1,024-4,096 peaks on one H200: the fit predicted 251,944
+        # where 33,354 ran out of memory), so extrapolating them is a guess: bisect instead.
+        return Prediction(capacity_gib=capacity_gib, capacity_source=source, fit=fit, n_range=(ns[0], ns[-1]),
+                          fallback=f"the fit's N² term is {quadratic_gib:.2f} GiB of the peak at N={ns[-1]} "
+                                   f"(< {QUADRATIC_SHARE_MIN:.0%}): the points do not show what sets the limit")
     predicted = fit.max_n(capacity_gib, unit=unit)
     fallback = None if predicted is not None else "the fitted peak does not reach the memory (or not even N=unit fits)"
     return Prediction(predicted, capacity_gib, source, fit, (ns[0], ns[-1]), fallback=fallback)
