@@ -15,7 +15,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cpbench.report",
                                      description="Aggregate every result.json under DIR into cp_benchmark.md/.csv and plots.")
     parser.add_argument("dir", type=Path, help="a sweep directory (or any folder holding result.json files)")
-    parser.add_argument("--out", type=Path, default=None, help="also write the markdown here (CSV and plots beside it)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also copy the report here (CSV and plots beside it); default: DIR only")
     parser.add_argument("--baseline-max-n", type=int, default=None, help="a single-GPU max N to compare against")
     parser.add_argument("--peak-tflops", type=float, default=None, help="per-GPU peak TFLOP/s for MFU")
     parser.add_argument("--readme", type=Path, default=None,

@@ -6,7 +6,9 @@
   ``CPBENCH_SWEEP_TOTAL`` and tells the job module the sweep's points (an interrupted multirun
   lists those without a result).
 * ``on_multirun_end``: aggregate every result.json under the sweep directory into the report
-  (``cpbench.report.build_report``), also when some jobs failed.
+  (``cpbench.report.build_report``), also when some jobs failed. The report lands in the sweep
+  directory only; ``report.out=PATH`` (relative to the launch directory) copies it to PATH too,
+  so a multirun never writes into the directory it was started from unless asked.
 """
 
 from __future__ import annotations
@@ -94,14 +96,16 @@ class CpbenchCallback(Callback):
         from cpbench.report import build_report  # pandas and matplotlib: only when a sweep ends
         if not any(sweep_dir.rglob("result.json")):
             # hydra.launcher.wait=false: the jobs are still queued; an empty report would
-            # overwrite report.out with nothing.
+            # overwrite a report.out copy with nothing.
             log.info("cpbench: no result.json under %s yet; build the report later with "
                      "python -m cpbench.report %s", sweep_dir, sweep_dir)
             return
         out = OmegaConf.select(config, "report.out")
-        if out:
+        if out:  # report.out=null (the default) or empty: the sweep directory only
             launch_dir = Path(OmegaConf.select(config, "hydra.runtime.cwd") or os.getcwd())
             out = Path(out) if Path(out).is_absolute() else launch_dir / out
+        else:
+            out = None
         baseline = OmegaConf.select(config, "report.baseline_max_n")
         try:
             kwargs = {"baseline_max_n": baseline} if baseline is not None else {}

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
+import subprocess
 
 import pandas as pd
+import pytest
 
 from cpbench.results import iter_results
 
-from helpers.run import fault_model, run_cpbench
+from helpers.run import REPO_ROOT, fault_model, run_cpbench
 
 HAS_REPORT = importlib.util.find_spec("cpbench.report") is not None
 
@@ -52,3 +55,33 @@ def test_cp_beyond_the_local_gpus_is_a_row_in_a_sweep_and_an_error_alone(tmp_pat
                          f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path, timeout_s=120)
     assert alone.returncode == 2
     assert alone.stderr.strip().startswith("cpbench: error: cp=2:") and len(alone.stderr.strip().splitlines()) == 1
+
+
+def _git(repo, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+@pytest.mark.skipif(not HAS_REPORT or shutil.which("git") is None, reason="needs the report and git")
+def test_a_multirun_in_a_repository_leaves_git_status_clean(tmp_path):
+    """report.out defaults to null: the report lands in the sweep directory (outputs/, ignored)
+    and nowhere else, so a multirun started in a checkout leaves nothing for git to see."""
+    repo = tmp_path / "checkout"
+    repo.mkdir()
+    shutil.copyfile(REPO_ROOT / ".gitignore", repo / ".gitignore")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".gitignore")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "ignore list")
+
+    proc = run_cpbench(["-m", "device=cpu", "cp=1", "N=32,48", "routine=timing", *fault_model("none")],
+                       cwd=repo, timeout_s=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _git(repo, "status", "--porcelain", "--untracked-files=all") == ""
+    (sweep,) = (repo / "outputs" / "multirun").glob("*/*")
+    assert {"cp_benchmark.md", "cp_benchmark.csv"} <= {p.name for p in sweep.iterdir()}
+    assert sorted(p.name for p in repo.iterdir()) == [".git", ".gitignore", "outputs"]
+
+    from cpbench.report.__main__ import main as report_main
+
+    before = sorted(p.relative_to(repo) for p in repo.rglob("*") if ".git" not in p.parts)
+    assert report_main([str(sweep)]) == 0  # python -m cpbench.report DIR: DIR only, the same default
+    assert sorted(p.relative_to(repo) for p in repo.rglob("*") if ".git" not in p.parts) == before
