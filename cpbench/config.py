@@ -141,8 +141,8 @@ class Point:
     mesh_shape: tuple[int, ...]
     mesh_dim_names: tuple[str, ...]
     padding_unit: int
-    N: int
-    N_atoms: int
+    N: int | None           # None: no timing size (a probe; it ramps from probe.start)
+    N_atoms: int | None     # None with N
     atoms_per_token: int
     S: int
     dtype: str              # "bf16" | "fp32", resolved (dtype=auto: resolve_dtype)
@@ -284,23 +284,18 @@ def signature_config(cfg: DictConfig | dict) -> dict:
 
 # ---------------------------------------------------------------- resolution
 
-def names_n(overrides: list[str] | None) -> bool:
-    """Whether the command line (a job's task overrides) sets ``N``."""
-    return any(o.split("=", 1)[0].lstrip("+~") == "N" for o in overrides or [])
-
-
-def resolve_routine(routine: str, overrides: list[str] | None) -> str:
-    """``routine=auto``: a timing at the point's N when the overrides name N (the job also makes
-    sure its configuration's max-N probe exists: ``cpbench.job``), else the max-N probe."""
+def resolve_routine(routine: str, n: int | None) -> str:
+    """``routine=auto``: a timing at N when the resolved config has one (whoever set it: the
+    command line, a sweep or experiment file, a real input; the job also makes sure the
+    configuration's max-N probe exists: ``cpbench.job``), else the max-N probe. It depends on
+    the resolved config only, never on how an override was spelt."""
     if routine != "auto":
         return routine
-    return "timing" if names_n(overrides) else "probe"
+    return "timing" if n is not None else "probe"
 
 
-def resolve_point(cfg: DictConfig, overrides: list[str] | None = None) -> Point:
-    """Validate ``cfg`` and resolve every auto value; raises ``ConfigError`` (one line).
-
-    ``overrides`` (the job's task overrides) decide ``routine=auto`` (``resolve_routine``)."""
+def resolve_point(cfg: DictConfig) -> Point:
+    """Validate ``cfg`` and resolve every auto value; raises ``ConfigError`` (one line)."""
     register_resolvers()
     try:
         data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
@@ -312,7 +307,7 @@ def resolve_point(cfg: DictConfig, overrides: list[str] | None = None) -> Point:
     topology = data.get("topology") or {}
     _choice("workflow", workflow.get("name"), WORKFLOWS)
     _choice("topology", topology.get("name"), TOPOLOGIES)
-    routine = resolve_routine(_choice("routine", data.get("routine"), ROUTINES), overrides)
+    routine_asked = _choice("routine", data.get("routine"), ROUTINES)
     dtype_asked = _choice("dtype", data.get("dtype"), dtypes.DTYPES)
     device = _choice("device", data.get("device"), DEVICES)
     if device == "auto":
@@ -326,16 +321,19 @@ def resolve_point(cfg: DictConfig, overrides: list[str] | None = None) -> Point:
     cp = _int("cp", cp, 1, "a positive integer or auto")
     mesh_shape, dim_names, unit = mesh_for(topology["name"], cp, topology.get("cp0"))
 
-    n = _int("N", data.get("N"), 1, "a positive integer (tokens)")
     atoms_per_token = _int("atoms_per_token", data.get("atoms_per_token"), 1, "a positive integer")
-    n_atoms = data.get("N_atoms")
-    n_atoms = atoms_per_token * n if n_atoms is None else _int("N_atoms", n_atoms, n, f"null or an integer >= N={n}")
     s = _int("S", data.get("S"), 1, "a positive integer (MSA depth)")
     input_name = None
     dataset = data.get("dataset") or {}
-    if dataset.get("name") == "real":
+    if dataset.get("name") == "real":  # the input's sizes, whatever N says
         input_name, n, n_atoms, s = _real_input_sizes(dataset)
-    if n < cp:
+    else:
+        n, n_atoms = _sizes(data.get("N"), data.get("N_atoms"), atoms_per_token)
+    routine = resolve_routine(routine_asked, n)
+    if routine == "timing" and n is None:
+        raise ConfigError("N", "null", "a positive integer (tokens) for routine=timing; "
+                          "without N, routine=probe or auto finds the max N")
+    if n is not None and n < cp:
         raise ConfigError("N", n, f"at least cp={cp} (every rank needs one token)")
 
     model = data.get("model") or {}
@@ -387,6 +385,20 @@ def resolve_point(cfg: DictConfig, overrides: list[str] | None = None) -> Point:
         memory_limit_gib=limit, cuda_alloc_conf=alloc_conf, model=model, probe=probe, timing=timing, input=input_name,
         emulate=emulate, comm_reserve_gib=reserve_gib, comm_reserve_source=reserve_source, link=link,
     )
+
+
+def _sizes(n: Any, n_atoms: Any, atoms_per_token: int) -> tuple[int | None, int | None]:
+    """(N, N_atoms) of a synthetic point: ``N_atoms`` null means ``atoms_per_token·N``. N null
+    (no timing size: a probe, which sizes atoms per token at every N it tries) needs N_atoms null."""
+    if n is None:
+        if n_atoms is not None:
+            raise ConfigError("N_atoms", n_atoms, "null while N is null (set N to time these sizes; "
+                              "a probe sizes atoms as atoms_per_token*N)")
+        return None, None
+    n = _int("N", n, 1, "null or a positive integer (tokens)")
+    if n_atoms is None:
+        return n, atoms_per_token * n
+    return n, _int("N_atoms", n_atoms, n, f"null or an integer >= N={n}")
 
 
 def emulate_enabled(value: Any) -> bool:

@@ -9,10 +9,12 @@ too few GPUs raises ``ConfigError`` (the CLI turns it into one line and exit cod
 the sweep directory) carries the same signature: the resolved config minus
 resume/report/hydra, plus the code version (``cpbench.results.point_signature``).
 
-``routine=auto`` (the default) resolves to a timing when the job's overrides name ``N`` and to
-the probe otherwise; the timing job then also makes sure its configuration's max-N probe
-exists, exactly once per configuration (``ensure_probe``: a lock file in the sweep dir decides
-which job runs it; the result lands in ``<sweep dir>/probes/<signature>/``).
+``routine=auto`` (the default) resolves to a timing when the resolved config has an ``N`` (set
+on the command line, by a sweep or experiment file, or by a real input) and to the probe when
+``N`` is null (``config.resolve_routine``); the timing job then also makes sure its
+configuration's max-N probe exists, exactly once per configuration (``ensure_probe``: a lock
+file in the sweep dir decides which job runs it; the result lands in
+``<sweep dir>/probes/<signature>/``).
 
 An interrupted job (Ctrl-C, SIGTERM: ``cpbench.__main__`` turns both into ``KeyboardInterrupt``)
 leaves what it finished on disk; ``interrupt_line`` says what that was and how to continue.
@@ -164,7 +166,7 @@ def _run_job(cfg: DictConfig, ctx: JobContext) -> dict:
     if note:
         log.info("cpbench: %s", note)
     try:
-        point = resolve_point(cfg, ctx.overrides)
+        point = resolve_point(cfg)
     except ConfigError as exc:
         if not ctx.multirun:
             raise
@@ -361,7 +363,7 @@ def write_unreported(cfg: DictConfig, status: str, message: str, fields: dict, c
     signature: ``resume=true`` runs the point again.
     """
     try:
-        point = resolve_point(cfg, ctx.overrides)
+        point = resolve_point(cfg)
     except ConfigError:
         point = None
     return finish(cfg, ctx, point, status, message, fields)

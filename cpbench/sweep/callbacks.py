@@ -57,7 +57,7 @@ def validate_sweep(config: DictConfig) -> int:
         with open_dict(job_cfg):
             job_cfg.pop("hydra", None)
         try:
-            resolve_point(job_cfg, overrides)
+            resolve_point(job_cfg)
         except InputFileError as exc:
             if len(points) == 1:
                 raise

@@ -1,5 +1,6 @@
-"""routine=auto (#19): a timing at the named N plus one max-N probe per configuration, the CPU
-cap per workflow, and the advice of a probe whose first point already fails."""
+"""routine=auto: a timing at N when the resolved config has one, plus one max-N probe per
+configuration, else the probe alone; the CPU cap per workflow, and the advice of a probe whose
+first point already fails."""
 
 from __future__ import annotations
 
@@ -7,16 +8,17 @@ import os
 import time
 from dataclasses import replace
 
+import pytest
 from omegaconf import OmegaConf
 
-from cpbench.config import AUTO_LIMIT_GIB, resolve_point, resolve_routine
+from cpbench.config import AUTO_LIMIT_GIB, ConfigError, resolve_point, resolve_routine
 from cpbench.harness.runner import PointResult
 from cpbench.harness.slots import Slots, SupervisorGroup
 from cpbench.job import _probe_decision, probe_config
 from cpbench.results import one_line, summary, write_json_atomic
 from cpbench.routines.probe import Probe
 
-from helpers.run import compose_cfg, compose_point
+from helpers.run import compose_cfg, compose_point, run_cpbench
 
 
 class ScriptedRunner:
@@ -35,16 +37,49 @@ class ScriptedRunner:
         return PointResult("ok", "", ranks, 1.0)
 
 
-def test_auto_is_a_timing_when_the_overrides_name_n_else_the_probe():
-    assert compose_cfg().routine == "auto"
-    assert resolve_routine("auto", ["cp=2", "N=1024"]) == "timing"
-    assert resolve_routine("auto", ["cp=2", "+N=64"]) == "timing"
-    assert resolve_routine("auto", ["cp=2", "N_atoms=64"]) == "probe"
-    assert resolve_routine("auto", None) == "probe"
-    assert resolve_routine("probe", ["N=1024"]) == "probe" and resolve_routine("timing", []) == "timing"
-    cfg = compose_cfg("device=cpu", "model=tiny", "N=64")
-    assert resolve_point(cfg, ["N=64"]).routine == "timing"
-    assert resolve_point(cfg).routine == "probe"
+def test_auto_is_a_timing_when_the_resolved_config_has_n_else_the_probe():
+    cfg = compose_cfg()
+    assert cfg.routine == "auto" and cfg.N is None
+    assert resolve_routine("auto", 1024) == "timing" and resolve_routine("auto", None) == "probe"
+    assert resolve_routine("probe", 1024) == "probe" and resolve_routine("timing", 1024) == "timing"
+    timing = compose_point("device=cpu", "model=tiny", "N=64")
+    assert (timing.routine, timing.N, timing.N_atoms) == ("timing", 64, 8 * 64)
+    probe = compose_point("device=cpu", "model=tiny")
+    assert (probe.routine, probe.N, probe.N_atoms) == ("probe", None, None)
+    assert probe.record()["N"] is None and probe.probe.start == 32
+
+
+def test_auto_follows_n_set_anywhere_not_only_on_the_command_line():
+    """N from a named sweep (conf/sweep/strong.yaml sets N, routine=timing) or an interpolation
+    resolves like N typed on the command line; what decides is the composed config."""
+    cfg = compose_cfg("device=cpu", "model=tiny")
+    cfg.N = "${S}"  # set by a config file, not by any override
+    assert resolve_point(cfg).routine == "timing" and resolve_point(cfg).N == 256
+    strong = compose_cfg("device=cpu", "model=tiny", "sweep=strong", "routine=auto")
+    assert resolve_point(strong).routine == "timing" and resolve_point(strong).N == 8192
+
+
+def test_a_real_input_sets_n_so_auto_times_it():
+    point = compose_point("device=cpu", "model=tiny", "dataset=real", "dataset.inputs=dna_duplex.fasta")
+    assert (point.routine, point.N, point.input) == ("timing", 24, "dna_duplex.fasta")
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (("routine=timing",), "N=null: a positive integer (tokens) for routine=timing"),
+    (("N_atoms=500",), "N_atoms=500: null while N is null"),
+    (("N=0",), "N=0: null or a positive integer"),
+])
+def test_n_null_mistakes_are_one_line(overrides, line):
+    with pytest.raises(ConfigError) as err:
+        compose_point("device=cpu", "model=tiny", *overrides)
+    assert str(err.value).startswith(line) and "\n" not in str(err.value)
+
+
+def test_routine_timing_without_n_fails_before_any_job(tmp_path):
+    proc = run_cpbench(["device=cpu", "model=tiny", "routine=timing", f"hydra.run.dir={tmp_path}/run"],
+                       cwd=tmp_path, timeout_s=120)
+    assert proc.returncode == 2 and not (tmp_path / "run" / "result.json").exists()
+    assert proc.stderr.strip().startswith("cpbench: error: N=null:") and len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_cpu_auto_cap_is_per_workflow_and_only_for_the_probe():
@@ -52,8 +87,8 @@ def test_cpu_auto_cap_is_per_workflow_and_only_for_the_probe():
     training = compose_point("device=cpu", "model=tiny", "workflow=training")
     assert inference.memory_limit_gib == AUTO_LIMIT_GIB["cpu"]["inference"]
     assert training.memory_limit_gib == AUTO_LIMIT_GIB["cpu"]["training"] > inference.memory_limit_gib
-    cfg = compose_cfg("device=cpu", "model=tiny", "workflow=training", "N=64")
-    assert resolve_point(cfg, ["N=64"]).memory_limit_gib is None  # an auto timing runs uncapped
+    timing = compose_point("device=cpu", "model=tiny", "workflow=training", "N=64")
+    assert timing.memory_limit_gib is None  # an auto timing runs uncapped
 
 
 def test_the_probe_of_a_configuration_does_not_depend_on_n():
