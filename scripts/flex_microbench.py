@@ -1,12 +1,26 @@
-"""Where the ``flex`` backend loses time: its pieces in isolation at the trunk's shapes (one H200).
+"""The ``flex`` backend's pieces in isolation, at the trunk's shapes: triangle attention and the
+fused memory-bound passes, against their eager forms (inference, no autograd).
 
-    python scripts/flex_microbench.py [--n 2048] [--rows 128] [--out FILE]
+    python scripts/flex_microbench.py [--n 2048] [--rows 256] [--cases attention options passes] [--out FILE]
 
-Triangle attention on ``rows x 4 heads x N x 32`` with one shared ``[4, N, N]`` bias (bf16):
-SDPA with the expanded bias (the ``torch`` path), ``flex_attention`` compiled with
-``dynamic=False`` and with ``dynamic=True`` (what ``kernels.compiled`` uses); and the fused
-passes (``ops/fused.py``) eager vs compiled (static, dynamic) on ``[rows, N, 128]``. Prints one
-JSON line per case (median ms over 10 runs after 3 warmups, TFLOP/s for attention).
+Triangle attention is ``rows x 4 heads x N x 32`` (bf16 on CUDA) with one shared ``[4, N, N]``
+bias, as one row chunk of the op sees it. Cases:
+
+* ``attention``: SDPA with the bias expanded over the rows (the ``torch`` path) against
+  ``flex_attention`` with the bias read in ``score_mod``, compiled with static shapes (what
+  ``kernels.compiled`` does) and with dynamic shapes;
+* ``options``: the static flex kernel under each of ``OPTIONS`` (Triton's ``kernel_options``:
+  block sizes, warps, stages), with q/k/v as strided views of one projection (the model's
+  layout) and contiguous (CUDA only);
+* ``passes``: the fused passes of ``ops/fused.py`` (LayerNorm + q/k/v/g projection, the SwiGLU
+  transition) on ``[rows, N, 128]``, eager against compiled static and dynamic.
+
+Each case is compiled afresh (dynamo reset: its recompile limit would otherwise stop later
+variants, which then run eager). Prints one JSON line per case: median ms of ``--repeats``
+calls after 3 warmups (CUDA events on CUDA, wall clock on a CPU), TFLOP/s for attention
+(4·rows·heads·N²·d). ``--out`` also records the GPU and torch version. On a CPU
+(``--device cpu``, small ``--n``; fp32) ``attention`` and ``passes`` run through inductor's C++
+backend, which needs a C++ compiler.
 """
 
 from __future__ import annotations
@@ -14,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 
 import torch
 import torch.nn.functional as F
@@ -21,67 +36,129 @@ from torch.nn.attention.flex_attention import flex_attention
 
 from cpbench.models.pairformer.ops import fused
 
+HEADS, HEAD_DIM, C_Z = 4, 32, 128
+OPTIONS = {
+    "default": None,
+    "m128_n64_w8_s3": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
+    "m64_n64_w4_s3": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+    "m128_n128_w8_s2": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
+    "m64_n128_w4_s2": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2},
+    "m128_n32_w4_s3": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
+}
 
-def bench(fn, *args, warmup: int = 3, repeats: int = 10) -> float:
-    for _ in range(warmup):
-        fn(*args)
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(*args)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+
+def time_ms(fn, device: torch.device, warmup: int = 3, repeats: int = 10) -> float:
+    """Median ms of ``repeats`` calls of ``fn()`` after ``warmup`` calls."""
+    with torch.no_grad():
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(repeats):
+            if device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                torch.cuda.synchronize(device)
+                times.append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
 
-def flex_biased(q, k, v, bias):
+def flex_biased(q, k, v, bias, kernel_options=None):
     def score_mod(score, b, h, q_idx, kv_idx):
         return score + bias[h, q_idx, kv_idx]
 
-    return flex_attention(q, k, v, score_mod=score_mod)
+    return flex_attention(q, k, v, score_mod=score_mod, kernel_options=kernel_options)
+
+
+def fresh_compile(fn, dynamic: bool):
+    torch._dynamo.reset()
+    return torch.compile(fn, dynamic=dynamic)
+
+
+def attention_cases(n: int, rows: int, device: torch.device, dtype: torch.dtype, repeats: int):
+    q, k, v = (torch.randn(rows, HEADS, n, HEAD_DIM, device=device, dtype=dtype) for _ in range(3))
+    bias = torch.randn(HEADS, n, n, device=device, dtype=dtype)
+
+    def sdpa():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.unsqueeze(0).expand(rows, -1, -1, -1))
+
+    yield "attention/sdpa_expanded_bias", time_ms(sdpa, device, repeats=repeats)
+    for name, dynamic in (("flex_static", False), ("flex_dynamic", True)):
+        run = fresh_compile(flex_biased, dynamic)
+        yield f"attention/{name}", time_ms(lambda: run(q, k, v, bias), device, repeats=repeats)
+
+
+def option_cases(n: int, rows: int, device: torch.device, dtype: torch.dtype, repeats: int):
+    qkvg = torch.randn(rows, n, 4, HEADS, HEAD_DIM, device=device, dtype=dtype)
+    bias = torch.randn(HEADS, n, n, device=device, dtype=dtype)
+    strided = [t.transpose(1, 2) for t in qkvg.unbind(2)[:3]]  # [rows, h, N, d] views, as the model has them
+    contiguous = [t.contiguous() for t in strided]
+    for name, opts in OPTIONS.items():
+        run = fresh_compile(flex_biased, dynamic=False)
+        for layout, (q, k, v) in (("strided", strided), ("contiguous", contiguous)):
+            case = f"options/{name}/{layout}"
+            try:
+                yield case, time_ms(lambda: run(q, k, v, bias, opts), device, repeats=repeats)
+            except Exception as exc:  # noqa: BLE001 -- a configuration that does not compile is a result
+                yield case, f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def pass_cases(n: int, rows: int, device: torch.device, dtype: torch.dtype, repeats: int):
+    z = torch.randn(rows, n, C_Z, device=device, dtype=dtype)
+    ln_w, ln_b = torch.ones(C_Z, device=device, dtype=dtype), torch.zeros(C_Z, device=device, dtype=dtype)
+    w_qkvg = torch.randn(4 * HEADS * HEAD_DIM, C_Z, device=device, dtype=dtype) * C_Z ** -0.5
+    w_in = torch.randn(8 * C_Z, C_Z, device=device, dtype=dtype) * 0.1
+    w_out = torch.randn(C_Z, 4 * C_Z, device=device, dtype=dtype) * 0.1
+    # the undecorated functions: kernels.compiled would compile them only under flex on CUDA
+    for name, fn, args in (("norm_linear", fused.norm_linear.__wrapped__, (z, ln_w, ln_b, w_qkvg)),
+                           ("swiglu_transition", fused._swiglu_transition.__wrapped__,
+                            (z, ln_w, ln_b, w_in, w_out, False))):
+        yield f"{name}/eager", time_ms(lambda: fn(*args), device, repeats=repeats)
+        for mode, dynamic in (("static", False), ("dynamic", True)):
+            run = fresh_compile(fn, dynamic)
+            yield f"{name}/{mode}", time_ms(lambda: run(*args), device, repeats=repeats)
+
+
+CASES = {"attention": attention_cases, "options": option_cases, "passes": pass_cases}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--n", type=int, default=2048)
-    parser.add_argument("--rows", type=int, default=128)
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
-    n, r, h, d, c = args.n, args.rows, 4, 32, 128
-    dev, bf16 = "cuda", torch.bfloat16
-    q, k, v = (torch.randn(r, h, n, d, device=dev, dtype=bf16) for _ in range(3))
-    bias = torch.randn(h, n, n, device=dev, dtype=bf16)
-    flops = 4 * r * h * n * n * d
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=2048, help="tokens")
+    p.add_argument("--rows", type=int, default=256, help="pair rows per call (one row chunk)")
+    p.add_argument("--cases", nargs="+", choices=tuple(CASES), default=list(CASES))
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    flop = 4 * args.rows * HEADS * args.n * args.n * HEAD_DIM
+    torch.manual_seed(0)
     lines = []
-
-    def report(case: str, ms: float, **extra) -> None:
-        line = {"case": case, "N": n, "rows": r, "median_ms": round(ms, 3), **extra}
-        print(json.dumps(line), flush=True)
-        lines.append(line)
-
-    sdpa = lambda q, k, v, b: F.scaled_dot_product_attention(q, k, v, attn_mask=b.unsqueeze(0).expand(r, -1, -1, -1))  # noqa: E731
-    for name, fn in (("sdpa_expanded_bias", sdpa), ("flex_static", torch.compile(flex_biased, dynamic=False)),
-                     ("flex_dynamic", torch.compile(flex_biased, dynamic=True))):
-        with torch.no_grad():
-            ms = bench(fn, q, k, v, bias)
-        report(f"attention/{name}", ms, tflops=round(flops / ms / 1e9, 1))
-    z = torch.randn(r, n, c, device=dev, dtype=bf16)
-    ln_w, ln_b = torch.ones(c, device=dev, dtype=bf16), torch.zeros(c, device=dev, dtype=bf16)
-    w_qkvg = torch.randn(4 * h * d, c, device=dev, dtype=bf16) * c ** -0.5
-    w_in, w_out = torch.randn(8 * c, c, device=dev, dtype=bf16) * 0.1, torch.randn(c, 4 * c, device=dev, dtype=bf16) * 0.1
-    raw_norm_linear = fused.norm_linear.__wrapped__
-    raw_transition = fused.swiglu_transition.__wrapped__
-    for name, fn, fargs in (("norm_linear", raw_norm_linear, (z, ln_w, ln_b, w_qkvg)),
-                            ("swiglu_transition", raw_transition, (z, ln_w, ln_b, w_in, w_out))):
-        with torch.no_grad():
-            for mode, f in (("eager", fn), ("static", torch.compile(fn, dynamic=False)),
-                            ("dynamic", torch.compile(fn, dynamic=True))):
-                report(f"{name}/{mode}", bench(f, *fargs))
+    for case_set in args.cases:
+        if case_set == "options" and device.type != "cuda":
+            print(json.dumps({"case": "options", "skipped": "Triton kernel options: CUDA only"}), flush=True)
+            continue
+        for case, ms in CASES[case_set](args.n, args.rows, device, dtype, args.repeats):
+            line = {"case": case, "N": args.n, "rows": args.rows}
+            if isinstance(ms, str):
+                line["error"] = ms
+            else:
+                line["median_ms"] = round(ms, 3)
+                if case_set != "passes":
+                    line["tflops"] = float(f"{flop / ms / 1e9:.3g}")
+            print(json.dumps(line), flush=True)
+            lines.append(line)
     if args.out:
+        gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         with open(args.out, "w") as f:
-            json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "results": lines}, f, indent=1)
+            json.dump({"gpu": gpu, "torch": torch.__version__, "dtype": str(dtype), "results": lines}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,20 +1,32 @@
 #!/usr/bin/env bash
-# Run a list of cpbench jobs on a GPU machine that reaches no package index, into one folder.
+# Run a file of cpbench jobs on a GPU machine that reaches no package index, into one folder.
+# This is the one script a GPU campaign needs: what to run lives in the campaign file.
 #
 #   OUT=/path/to/results BUDGET_S=590 bash scripts/gpu_campaign.sh CAMPAIGN_FILE
 #
-# CAMPAIGN_FILE has one job per line: NAME NEEDED_S OVERRIDES... (blank lines and # comments
-# skipped). Each job runs `python -m cpbench OVERRIDES hydra.run.dir=$OUT/NAME` (a line whose
-# overrides start with -m runs a multirun into hydra.sweep.dir=$OUT/NAME) when at least NEEDED_S
-# seconds of BUDGET_S remain, and is stopped 5 s before the budget ends (its supervisor stops its
-# workers; a probe keeps its probe_state.json, so the same line continues it in a later call when
-# its folder is carried back as $OUT/NAME: set RESUME_FROM=DIR to copy DIR/NAME there first).
+# CAMPAIGN_FILE has one job per line, NAME NEEDED_S OVERRIDES... (blank lines and # comments
+# skipped), e.g. (docs/benchmarks/2026-12-03-h200-emulated/timing.txt):
 #
-# Set up first (once per machine): the pure-Python wheels cpbench needs beyond torch (hydra-core,
-# omegaconf, antlr4, submitit, hydra-submitit-launcher) copied into .whl/ of the repository
-# (ignored by git); they are installed into /tmp/site, and cpbench runs from the tree.
-# Every job's log is $OUT/NAME.log; nvidia-smi before and after, the environment, and an
-# archive of the whole folder ($OUT/all.tgz) land in $OUT too.
+#   t_cp1_real 120 model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing N=2048 cp=1
+#   t_cp2_emu   90 model=boltz2 workflow.sampling=false workflow.recycles=0 model.msa_blocks=0 routine=timing N=2048 cp=2 emulate=true
+#
+# Each job runs `python3 -m cpbench OVERRIDES hydra.run.dir=$OUT/NAME` (a line whose overrides
+# start with -m runs a multirun into hydra.sweep.dir=$OUT/NAME) when at least NEEDED_S seconds of
+# BUDGET_S remain, else it is skipped with a line saying so. A job still running 5 s before the
+# budget ends is stopped (its supervisor stops its workers). A probe keeps its probe_state.json,
+# so the same line continues it in a later run once its folder is carried back: RESUME_FROM=DIR
+# copies DIR/NAME to $OUT/NAME first (less its result.json).
+#
+# Set up first (once per checkout): the pure-Python wheels cpbench needs beyond torch
+# (hydra-core, omegaconf, antlr4, submitit, hydra-submitit-launcher) in .whl/ of the repository
+# (ignored by git), and for model=stock/* lines the stock packages' wheels in .whl/stock/
+# (`bash scripts/install_stock.sh --gpu-wheels`). They are installed into /tmp/site, and
+# cpbench runs from the tree. A tree without .git names its commit in commit.txt, which goes
+# into every result.json (CPBENCH_GIT_COMMIT).
+#
+# Written to $OUT: each job's folder and log ($OUT/NAME.log), env.txt (GPU, driver, clocks,
+# torch/CUDA/NCCL), nvidia-smi before and after, commit.txt, and one archive of it all
+# ($OUT/all.tgz: a machine that hands back only a few files still returns every result).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CAMPAIGN=${1:?usage: OUT=DIR BUDGET_S=S bash scripts/gpu_campaign.sh CAMPAIGN_FILE}
@@ -30,6 +42,11 @@ if ! python3 -c "import hydra, submitit" 2>/dev/null; then
   export PYTHONPATH=/tmp/site:$PWD
 else
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+fi
+if compgen -G ".whl/stock/*.whl" > /dev/null; then  # the stock models' packages (model=stock/*)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/stock/*.whl \
+    || { echo "cannot install .whl/stock/*.whl"; exit 1; }
+  export PYTHONPATH=/tmp/site:$PYTHONPATH
 fi
 export PYTHONUNBUFFERED=1
 # the tree may have no .git: its commit (commit.txt, when present) goes into every result.json

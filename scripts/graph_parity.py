@@ -22,7 +22,7 @@ are not deterministic, atomics in index_add and split reductions, so one eager p
 sample of that noise; in bf16 both are one or two units in the last place of the largest
 outputs). Prints one JSON line per case and writes
 ``{"gpu", "torch", "results": [...]}`` to ``--out``. Not a cpbench point: a check of the path
-before it is timed (``scripts/campaign8_h200.sh graphs``).
+before it is timed (run it on the GPU before a timing campaign of ``model.cuda_graphs``).
 """
 
 from __future__ import annotations

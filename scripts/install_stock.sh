@@ -19,8 +19,8 @@
 # package, so only its `protenix` package (and its dist-info) is moved into site-packages.
 #
 # --gpu-wheels downloads what the H200 machine (Python 3.12, no index; ../shared/gpu/README.md)
-# lacks for model=stock/boltz2 into DIR (default .whl/stock; scripts/campaign_stock_h200.sh
-# installs them): boltz 2.2.1 (pure Python) and scipy (a cp312 manylinux wheel, ~34 MiB: the
+# lacks for model=stock/boltz2 into DIR (default .whl/stock; scripts/gpu_campaign.sh
+# installs them there): boltz 2.2.1 (pure Python) and scipy (a cp312 manylinux wheel, ~34 MiB: the
 # one binary wheel, boltz's layers import scipy.stats.truncnorm; einops and numpy are there).
 set -euo pipefail
 cd "$(dirname "$0")/.."

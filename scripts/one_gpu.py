@@ -1,7 +1,7 @@
-"""What the one-GPU diagnosis scripts (``step_overhead.py``, ``near_limit_profile.py``) share: a
-one-rank process group with its ``("cp",)`` mesh, and the boltz2 trunk-only model and inputs they
-time (the reference adapter's defaults are the boltz2 sizes, ``conf/model/boltz2.yaml``; trunk
-only: no MSA module, no recycling, no sampling). Imported from the scripts' folder."""
+"""What the one-device scripts (``profile_ops.py``, ``graph_parity.py``) share: a one-rank
+process group with its ``("cp",)`` mesh, and the boltz2 trunk-only model and inputs they run
+(the reference adapter's defaults are the boltz2 sizes, ``conf/model/boltz2.yaml``; trunk only:
+no MSA module, no recycling, no sampling). Imported from the scripts' folder."""
 
 from __future__ import annotations
 
@@ -15,9 +15,6 @@ from torch.distributed.device_mesh import init_device_mesh
 from cpbench.models.pairformer.adapter import PairformerAdapter
 
 TRUNK_ONLY = dict(msa_blocks=0, recycles=0, sampling=False)
-# The default job's model (``python -m cpbench``: conf/model/pairformer.yaml with
-# conf/workflow/inference.yaml): MSA module, 3 recycles, 200 sampler steps x 5 samples.
-WITH_SAMPLING = dict(msa_blocks=4, recycles=3, sampling=True, sampling_steps=200, samples=5)
 
 
 def one_rank_mesh(device: torch.device, port: int) -> Any:
@@ -32,9 +29,9 @@ def one_rank_mesh(device: torch.device, port: int) -> Any:
 
 def trunk_setup(n: int, blocks: int, kernels: str, mesh: Any, device: torch.device,
                 dtype: str = "bf16", workflow: dict = TRUNK_ONLY) -> tuple[PairformerAdapter, torch.nn.Module, dict]:
-    """``(adapter, model, batch)`` of the boltz2 pass (``workflow``: ``TRUNK_ONLY`` or
-    ``WITH_SAMPLING``) with ``blocks`` blocks at ``n`` tokens (weights from seed 0; the job's
-    defaults: 8 atoms per token, S=256)."""
+    """``(adapter, model, batch)`` of the boltz2 pass (``workflow``: the adapter's workflow
+    arguments, trunk only by default) with ``blocks`` blocks at ``n`` tokens (weights from seed 0;
+    the job's defaults: 8 atoms per token, S=256)."""
     adapter = PairformerAdapter(**workflow, blocks=blocks, dtype=dtype, kernels=kernels)
     torch.manual_seed(0)
     model = adapter.build_model(mesh, device)

@@ -1,50 +1,251 @@
-"""Kernel-level profile of the reference block's ops on one GPU (torch.profiler tables).
+"""Where the reference trunk's time goes, op by op and kernel by kernel, on one device.
 
-    python scripts/profile_ops.py --N 2048 --ops tri_mul_out tri_att_start
+    python scripts/profile_ops.py block --n 2048 --kernels flex torch [--kernel-rows 12] [--out FILE]
+    python scripts/profile_ops.py train --n 2048 --blocks 2 --variant compiled [--lean] [--out FILE]
+
+Two modes; each prints one JSON line per measurement and writes them all to ``--out``. Neither
+is a cpbench point (no harness, no ``result.json``): they say where a point's time goes.
+
+``block`` (inference): one boltz2-sized Pairformer block (c_s 384, c_z 128, 4 triangle heads of
+32, 16 single heads, transitions x4) at ``--n`` tokens, run as the trunk runs it (serial layout,
+no autograd, each op on the pair the block hands it, transposes included), under each backend
+of ``--kernels`` in turn. ``--warmup`` untimed blocks (the ``flex`` regions compile there), then
+every op timed by a synchronized wall clock, median of ``--repeats`` blocks. Per backend:
+``op_ms``, ``block_ms``, analytic TFLOP/s per op and for the block
+(``cpbench.models.pairformer.flops``), ``peak_gib``, ``compile_s``; with ``--kernel-rows K`` one
+more block runs under torch.profiler and ``kernel_table`` gives, per op, its GPU time, that time
+by kernel kind and its K longest kernels.
+
+``train``: one training step (forward, backward, AdamW) of the boltz2 trunk (trunk only: no MSA
+module, no recycling, no sampling) with ``--blocks`` blocks at ``--n`` tokens, cp=1, checkpointing
+on. One ``--variant`` per process (the kernel selection is process-wide):
+
+* ``eager``: ``kernels=torch`` ops under autograd (SDPA with the expanded bias), each block
+  checkpointed with its ops checkpointed inside (``model.compile_training=false``);
+* ``eager_block``: the same with only the block checkpointed: what the nested checkpoints cost
+  in recompute;
+* ``compiled``: ``kernels=flex`` with ``compile_training=True`` (the default training path on CUDA).
+
+``--lean`` runs the step under the lean chunk budgets of a probe's fitting point. Reported: the
+first step (compilation included) and ``compile_s``, the median of ``--repeats`` further steps,
+the adapter's stage times and stage peaks, and one profiled step's CUDA kernels, largest first,
+with their time by kind (attention forward and backward, GEMM, LayerNorm, reductions, copies,
+element-wise).
+
+On a CPU (``--device cpu``, small ``--n``) both modes run (``--dtype fp32`` there: bf16 matmuls
+are emulated on CPUs without bf16 units); the kernel tables and peaks need CUDA.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
+import statistics
+import time
 
 import torch
+from one_gpu import TRUNK_ONLY, one_rank_mesh, trunk_setup
 from torch.profiler import ProfilerActivity, profile
 
+from cpbench.models.pairformer.flops import PairformerSizes, block_flops
+from cpbench.models.pairformer.modules import block as block_module
 from cpbench.models.pairformer.modules.block import PairformerBlock
+from cpbench.models.pairformer.ops import kernels
 from cpbench.models.pairformer.parallel.layout import serial_layout
+from cpbench.models.pairformer.parallel.transpose import transpose_pair
+
+SIZES = dict(c_s=384, c_z=128, heads_single=16, heads_tri=4, head_dim_tri=32, transition_factor=4)
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+# the block's ops in the order the trunk runs them, and their names in flops.BLOCK_OPS
+OP_FLOPS = {"tri_mul_out": "triangle_mult_out", "tri_mul_in": "triangle_mult_in",
+            "tri_att_start": "triangle_att_start", "tri_att_end": "triangle_att_end",
+            "pair_transition": "pair_transition", "single_attention": "single_att_pair_bias",
+            "single_transition": "single_transition"}
+# Kernel name patterns, first match wins: the kinds a profile's CUDA time is grouped by.
+KINDS = (
+    ("attention_backward", r"(cutlassB|attention_backward|AttentionBackward|_bwd|flex_attention_backward|dq_dk|dkdv)"),
+    ("attention_forward", r"(?i)(fmha|flash|attention|cudnn.*sdpa|flex|triton_tem_fused)"),
+    ("gemm", r"(?i)(gemm|cutlass|sm90_xmma|nvjet|cublas|matmul|ampere_.*_s16816)"),
+    ("layer_norm", r"(?i)(layer_norm|layernorm)"),
+    ("reduce", r"(?i)(reduce|sum_|_sum|red_)"),
+    ("copy", r"(?i)(copy|cat|transpose|memcpy|memset|fill)"),
+    ("elementwise", r"(?i)(elementwise|vectorized|triton_poi|triton_per|triton_red|unrolled)"),
+)
+
+
+def kind_of(name: str) -> str:
+    return next((kind for kind, pattern in KINDS if re.search(pattern, name)), "other")
+
+
+def kernel_rows(prof) -> list[dict]:
+    """The CUDA kernels of a profiled region: name, calls, total ms, kind (largest first)."""
+    rows = []
+    for ev in prof.key_averages():
+        device_us = getattr(ev, "self_device_time_total", None) or getattr(ev, "self_cuda_time_total", 0)
+        if device_us and ev.device_type == torch.autograd.DeviceType.CUDA:
+            rows.append(dict(name=ev.key[:120], calls=ev.count, ms=round(device_us / 1e3, 3), kind=kind_of(ev.key)))
+    return sorted(rows, key=lambda r: -r["ms"])
+
+
+def ms_by_kind(rows: list[dict]) -> dict[str, float]:
+    by_kind: dict[str, float] = {}
+    for r in rows:
+        by_kind[r["kind"]] = round(by_kind.get(r["kind"], 0.0) + r["ms"], 2)
+    return dict(sorted(by_kind.items(), key=lambda kv: -kv[1]))
+
+
+def _tflops(flop: float, ms: float) -> float:
+    return float(f"{flop / ms / 1e9:.3g}")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _now_ms(device: torch.device) -> float:
+    _sync(device)
+    return time.perf_counter() * 1e3
+
+
+def _block_ops(block: PairformerBlock, mask: torch.Tensor) -> list:
+    """``(name, op)`` per op of the block; ``op(s, z) -> (s, z)``, the pair as the trunk hands it on."""
+    layout = serial_layout()
+    return [
+        ("tri_mul_out", lambda s, z: (s, block.tri_mul_out(z, mask, layout))),
+        ("tri_mul_in", lambda s, z: (s, block.tri_mul_in(transpose_pair(z, layout), mask, layout))),
+        ("tri_att_start", lambda s, z: (s, block.tri_att_start(transpose_pair(z, layout), mask, layout))),
+        ("tri_att_end", lambda s, z: (s, block.tri_att_end(transpose_pair(z, layout), mask, layout))),
+        ("pair_transition", lambda s, z: (s, transpose_pair(block.pair_transition(z), layout))),
+        ("single_attention", lambda s, z: (block.attention(s, z, mask, layout), z)),
+        ("single_transition", lambda s, z: (block.single_transition(s), z)),
+    ]
+
+
+def _kernel_table(ops: list, s: torch.Tensor, z: torch.Tensor, top: int) -> dict[str, dict]:
+    """One more block under torch.profiler: per op its GPU ms, by kind, and its ``top`` longest kernels."""
+    table = {}
+    for name, op in ops:
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            s, z = op(s, z)
+            torch.cuda.synchronize()
+        rows = kernel_rows(prof)
+        table[name] = {"gpu_ms": round(sum(r["ms"] for r in rows), 3), "by_kind": ms_by_kind(rows), "top": rows[:top]}
+    return table
+
+
+def profile_block(n_tokens: int, backend: str, warmup: int, repeats: int, device: torch.device,
+                  dtype: str = "bf16", kernel_rows_per_op: int = 0) -> dict:
+    """Median ms per op of one block at ``n_tokens`` under ``backend`` (module docstring: ``block``)."""
+    kernels.select(backend, device)
+    torch.manual_seed(0)
+    block = PairformerBlock(**SIZES).to(device, DTYPES[dtype])
+    z = torch.randn(n_tokens, n_tokens, SIZES["c_z"], device=device, dtype=DTYPES[dtype])
+    s = torch.randn(n_tokens, SIZES["c_s"], device=device, dtype=DTYPES[dtype])
+    ops = _block_ops(block, torch.ones(n_tokens, dtype=torch.bool, device=device))
+    times: dict[str, list[float]] = {name: [] for name, _ in ops}
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    with torch.no_grad():
+        for rep in range(warmup + repeats):
+            for name, op in ops:
+                start_ms = _now_ms(device)
+                s, z = op(s, z)
+                if rep >= warmup:
+                    times[name].append(_now_ms(device) - start_ms)
+        table = _kernel_table(ops, s, z, kernel_rows_per_op) if kernel_rows_per_op and cuda else None
+    op_ms = {name: round(statistics.median(t), 3) for name, t in times.items()}
+    flops = block_flops(n_tokens, PairformerSizes(**SIZES))
+    tflops = {name: _tflops(flops[OP_FLOPS[name]], ms) for name, ms in op_ms.items() if ms > 0}
+    block_ms = round(sum(op_ms.values()), 3)
+    return {"mode": "block", "kernels": backend, "N": n_tokens, "dtype": dtype, "device": str(device),
+            "op_ms": op_ms, "block_ms": block_ms, "op_tflops_per_s": tflops,
+            "block_tflops_per_s": _tflops(flops["block"], block_ms),
+            "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if cuda else None,
+            "compile_s": round(kernels.compile_seconds(), 1), "kernel_table": table}
+
+
+def profile_training(n_tokens: int, blocks: int, variant: str, repeats: int, lean: bool, device: torch.device,
+                     dtype: str = "bf16", port: int = 29533) -> dict:
+    """Training steps of the trunk at ``n_tokens`` under ``variant`` (module docstring: ``train``)."""
+    mesh = one_rank_mesh(device, port)
+    if variant == "eager_block":  # the block checkpointed, its ops not
+        block_module.op_runner = lambda z, layout, checkpoint_ops: (lambda op, *a: op(*a))
+    workflow = dict(TRUNK_ONLY, checkpointing=True, compile_training=variant == "compiled")
+    backend = "flex" if variant == "compiled" else "torch"
+    adapter, model, batch = trunk_setup(n_tokens, blocks, backend, mesh, device, dtype=dtype, workflow=workflow)
+    row = dict(mode="train", variant=variant, N=n_tokens, blocks=blocks, lean=lean, dtype=dtype,
+               device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", torch=torch.__version__)
+
+    def step() -> float:
+        _sync(device)
+        t0 = time.perf_counter()
+        adapter.run_step(model, batch, True, lean=lean)
+        _sync(device)
+        return time.perf_counter() - t0
+
+    row["first_step_s"] = round(step(), 3)
+    row["compile_s"] = round(kernels.compile_seconds(), 2)
+    times = [step() for _ in range(repeats)]
+    row["step_s"] = [round(t, 3) for t in times]
+    row["median_step_s"] = round(statistics.median(times), 3)
+    stats = adapter.stats()
+    row["stage_ms"], row["kernels_ran"] = stats["stage_ms"], stats["kernels"]
+    # the adapter's stage timer resets the allocator's peak per stage, so max_memory_allocated
+    # after a step holds only its last stage's: the step's peak is the largest stage peak
+    stage_peaks = stats.get("stage_peak_gib") or {}
+    if stage_peaks:
+        row["peak_gib"], row["stage_peak_gib"] = max(stage_peaks.values()), stage_peaks
+    if device.type == "cuda":
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            adapter.run_step(model, batch, True, lean=lean)
+            _sync(device)
+        rows = kernel_rows(prof)
+        row["kernel_ms_by_kind"] = ms_by_kind(rows)
+        row["kernel_ms_total"] = round(sum(r["ms"] for r in rows), 1)
+        row["top_kernels"] = rows[:25]
+    return row
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--N", type=int, default=2048)
-    p.add_argument("--ops", nargs="+", default=["tri_mul_out", "tri_att_start", "pair_transition"])
-    p.add_argument("--rows", type=int, default=12)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    modes = p.add_subparsers(dest="mode", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--n", type=int, default=2048, help="tokens")
+    common.add_argument("--repeats", type=int, default=5)
+    common.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    common.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    common.add_argument("--out", default=None, help="write every line, as a JSON list, here")
+    blk = modes.add_parser("block", parents=[common], help="one block's ops, inference, per backend")
+    blk.add_argument("--kernels", nargs="+", default=["flex", "torch"])
+    blk.add_argument("--warmup", type=int, default=2)
+    blk.add_argument("--kernel-rows", type=int, default=0, help="profile one more block: K longest kernels per op")
+    trn = modes.add_parser("train", parents=[common], help="one training step of the trunk")
+    trn.add_argument("--blocks", type=int, default=2)
+    trn.add_argument("--variant", choices=("eager", "eager_block", "compiled"), default="compiled")
+    trn.add_argument("--lean", action="store_true", help="lean chunk budgets (what a probe's fitting point runs)")
+    trn.add_argument("--port", type=int, default=29533)
+    trn.set_defaults(repeats=2)
     args = p.parse_args()
-    torch.manual_seed(0)
-    dev = torch.device("cuda")
-    sizes = dict(c_s=384, c_z=128, heads_single=16, heads_tri=4, head_dim_tri=32, transition_factor=4)
-    block = PairformerBlock(**sizes).to(dev, torch.bfloat16)
-    n = args.N
-    z = torch.randn(n, n, 128, device=dev, dtype=torch.bfloat16)
-    s = torch.randn(n, 384, device=dev, dtype=torch.bfloat16)
-    mask = torch.ones(n, dtype=torch.bool, device=dev)
-    layout = serial_layout()
-    calls = {
-        "tri_mul_out": lambda: block.tri_mul_out(z, mask, layout),
-        "tri_att_start": lambda: block.tri_att_start(z, mask, layout),
-        "pair_transition": lambda: block.pair_transition(z),
-        "single_attention": lambda: block.attention(s, z, mask, layout),
-    }
-    with torch.no_grad():
-        for name in args.ops:
-            fn = calls[name]
-            fn()
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                fn()
-                torch.cuda.synchronize()
-            print(f"==== {name} N={n}")
-            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=70))
+    device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", 0)
+    if args.mode == "block":
+        runs = [lambda backend=backend: profile_block(args.n, backend, args.warmup, args.repeats, device,
+                                                      args.dtype, args.kernel_rows) for backend in args.kernels]
+    else:
+        runs = [lambda: profile_training(args.n, args.blocks, args.variant, args.repeats, args.lean, device,
+                                         args.dtype, args.port)]
+    rows = []
+    for run in runs:
+        rows.append(run())
+        print(json.dumps(rows[-1]), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

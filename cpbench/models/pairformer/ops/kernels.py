@@ -28,9 +28,9 @@ metadata mismatch in the recompute of a checkpointed region and, in one block wi
 checkpointing, parameter gradients far from the ``torch`` path's (``docs/perf_notes.md``); the
 static-shape path passes ``scripts/kernel_parity.py`` on one H200 (fp32 worst parameter gradient
 2.7e-6, bf16 1.1e-2). On one H200 a 2-block training step at N=2,048 took 1.32 s compiled
-against 4.02 s eager (``scripts/training_profile.py``; the eager step spends 58 % of its kernel
+against 4.02 s eager (``scripts/profile_ops.py train``; the eager step spends 58 % of its kernel
 time in the memory-efficient SDPA kernels, forward and backward, which the expanded bias's
-gradient forces), so it is the default since the thirteenth session. Each new N compiles anew
+gradient forces), so it is the default since commit a9aacd9 (2026-12-02). Each new N compiles anew
 (a probe point is one step in a fresh process: 51.4 s of compilation in the headline sweep's
 lean training point at N=2,048; 23.5 s for a 2-block step there), and the
 training chunk budgets take a handful of values (``chunking.training_budget_bytes``) so a step
