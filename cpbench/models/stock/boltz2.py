@@ -74,7 +74,8 @@ class Boltz2Adapter(StockAdapter):
     blocks_attr = "layers"
     # probe.depth=auto: two blocks. The first block adds Boltz's bf16 updates to the embedder's bf16
     # z with an fp32 dropout mask, so z leaves it in fp32: on one H200 at N=1,536 one block peaked
-    # 10.90 GiB, two 12.03 and all 64 12.09 (docs/benchmarks/2026-12-01-h200-d, calls b and c).
+    # 10.90 GiB, two 12.03 and all 64 12.09 (docs/benchmarks/2026-12-01-h200-d/call-b,
+    # docs/benchmarks/2026-12-01-h200-d/call-c).
     probe_depth: ClassVar[int] = 2
     kernel_choices = ("auto", "torch", "cueq")
 

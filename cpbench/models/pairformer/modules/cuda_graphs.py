@@ -3,7 +3,7 @@
 
 Why: at small N a pass is host-bound. At N=512 on one H200 the ``flex`` blocks' kernels leave the
 GPU idle while the host launches the next ones (a 4.6 ms block once the free-memory readings were
-cut, ``docs/perf_notes.md``, eighth and eleventh sessions), so the 64-block pass moves with the
+cut, ``docs/perf_notes.md``, "The 64-block pass"), so the 64-block pass moves with the
 host's speed from run to run (312-675 ms); the sampler's 200 denoiser calls per step (24 token
 blocks, and the atom transformer sample by sample) launch many small kernels each. Captured once
 and replayed, a pass or a call costs the GPU's time only: the host launches one graph.

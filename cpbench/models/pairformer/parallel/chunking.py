@@ -47,8 +47,8 @@ import torch
 _CUDA_FREE_FRACTION = 0.4    # share of the free memory one op's transients may take
 _CUDA_DEVICE_FRACTION = 0.1  # the budget's size term: a tenth of the device memory ...
 _PAIR_FRACTION = 4           # ... or a quarter of the pair shard, whichever is larger (CPU: the latter)
-# Below this, per-chunk overhead dominates tiny CPU runs. 1 MiB (128 KiB until the seventeenth
-# session): a tiny-preset inference step at N=32, cp=2, took 1.79 s with 128 KiB and 0.54 s with
+# Below this, per-chunk overhead dominates tiny CPU runs. 1 MiB (128 KiB until 2026-12-02): a
+# tiny-preset inference step at N=32, cp=2, took 1.79 s with 128 KiB and 0.54 s with
 # 1 MiB on the 2-core CI VM (the MSA module's S=256 row loops ran in chunks of a few rows), and
 # the test suite runs hundreds of such steps. It binds only where the pair shard is under 4 MiB:
 # the CPU quick start's limit (N=640 at cp=2, a 13 MiB shard) is under the quarter-shard rule.
@@ -98,7 +98,7 @@ def near_limit(pair: torch.Tensor) -> bool:
     (``ops/fused.py``): on one H200 the compiled in-place passes ran out of device memory (a CUDA
     error, not the allocator's) at N=16,000, where the flex path had fit up to 16,727 before; away
     from the limit they are what brought the N=2,048 pass under 6 s (docs/perf_notes.md,
-    "Eighteenth session")."""
+    "Near-limit fixes that kept the max N")."""
     return pair.is_cuda and _override_bytes is None and not _lean
 
 
@@ -151,7 +151,7 @@ def _cuda_free_bytes(device: torch.device) -> tuple[int, int]:
     free_b, total_b = torch.cuda.mem_get_info(device)
     # One nested stats dict: ``memory_allocated`` and ``memory_reserved`` each flatten the whole
     # dict in Python (~95 us apiece on an H200 host against 13 us; a 64-block step reads the free
-    # memory ~580 times, docs/perf_notes.md, "Eighth device session").
+    # memory ~580 times, docs/perf_notes.md, "N=512 is host-bound").
     stats = torch.cuda.memory_stats_as_nested_dict(device)
     allocated_b, reserved_b = stats["allocated_bytes"]["all"]["current"], stats["reserved_bytes"]["all"]["current"]
     get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
@@ -186,7 +186,7 @@ def ample_budget(pair: torch.Tensor) -> int:
     At the sizes people time, each op's ``budget_bytes`` is this same term (``min(0.4 × free,
     term)``), and one reading per block instead of one per op (and, under CP, one agreement
     instead of eight) gives the same chunks: the per-op readings and their host syncs are what a
-    block at small N waits on (docs/perf_notes.md, "cp=2 overhead at small N").
+    block at small N waits on (docs/perf_notes.md, "Small N is latency-bound").
     """
     if _override_bytes is not None or _lean or not pair.is_cuda:
         return 0
@@ -213,7 +213,7 @@ _TRAINING_BUDGET_STEPS = 8
 # multiplication's channel chunk leaves two pair shards aside: below that it ran 128 one-channel
 # chunks, each re-reading z; a 2-block step at N=2,048 took 5.3 s compiled against 1.3 s, and eager
 # four such steps did not finish in 110 s against 4.0 s each, on one H200; docs/perf_notes.md,
-# "Thirteenth session"); a budget of a few pair shards is about what the op gets near the max N,
+# "Where a training step's time goes"); a budget of a few pair shards is about what the op gets near the max N,
 # where the normal budget is 40 % of a small room.
 _LEAN_TRAINING_PAIRS = 4
 
@@ -224,7 +224,7 @@ def training_budget_bytes(pair: torch.Tensor) -> int:
     the size of ``pair``), with the same size term as ``budget_bytes``, rounded down to one of
     ``_TRAINING_BUDGET_STEPS`` steps of that term. Without the room the budget is 40 % of a free
     memory that the backward then fills, and a step that fits in the forward fails in the
-    backward (docs/perf_notes.md, training max N). Lean (CUDA): ``_LEAN_TRAINING_PAIRS`` pair
+    backward (docs/perf_notes.md, "Training: memory and speed"). Lean (CUDA): ``_LEAN_TRAINING_PAIRS`` pair
     shards, at most the size term, or the lean term if larger. CPU: the default (a quarter of
     the pair shard). A plain int: it has a minimum of its own, so it never carries the
     ``rows_per_chunk`` floor."""
@@ -254,8 +254,8 @@ def rows_per_chunk(n_rows: int, bytes_per_row: int, budget_b: int) -> int:
     power of two. The compiled passes (``kernels=flex``) compile once per shape, and free-memory
     budgets differ by a few MiB from op to op, so exact row counts made a new shape at nearly every
     call near the limit: on one H200, each triangle multiplication of the default job's probe step
-    at N=16,384 compiled afresh, about 11 s of its 22 s (docs/perf_notes.md, "Ninth device
-    session"). Powers of two keep a handful of shapes, at most twice the chunks, never more
+    at N=16,384 compiled afresh, about 11 s of its 22 s (docs/perf_notes.md, "Near the memory
+    limit"). Powers of two keep a handful of shapes, at most twice the chunks, never more
     memory. Plain budgets (CPU, lean and overridden ones: fixed sizes, smooth in N, which the
     probe's peak fit relies on) keep exact counts.
 
