@@ -86,22 +86,62 @@ def hydra_context() -> JobContext:
 
 
 def cpu_default_model(cfg: DictConfig, model_choice: str | None, overrides: list[str]) -> str | None:
-    """On a CPU, swap the full-size reference trunk for its ``tiny`` preset (in place).
+    """On a CPU, run the default reference trunk at its ``tiny`` preset's sizes (``cfg`` in place).
 
-    The Boltz-2-sized trunk takes hours per probe point on a CPU; ``python -m cpbench``
-    without a model override should finish in minutes, so it probes the same code path at
-    the tiny sizes. Returns a note saying so, or None when nothing was swapped.
+    The Boltz-2-sized trunk takes hours per probe point on a CPU; ``python -m cpbench`` should
+    finish in minutes, so it probes the same code path at the tiny sizes. It keys on the model
+    choice, not on how overrides are spelt: when the choice is the default ``pairformer`` and the
+    command line did not name it, tiny's sizes replace the preset's, and every ``model.*`` key the
+    user set stays (``model.kernels=torch``, ``model.blocks=4``: ``_kept_model_keys``). An explicit
+    ``model=pairformer`` asks for the full size: nothing is swapped. Returns a note saying what was
+    swapped and kept, or None when nothing was.
     """
-    if model_choice != "pairformer" or any(o.lstrip("+~").startswith("model") for o in overrides):
+    if model_choice != "pairformer" or any(o.lstrip("+~").split("=", 1)[0] == "model" for o in overrides):
         return None
     device = cfg.get("device")
-    if device == "cpu" or (device == "auto" and not cuda_available()):
-        tiny = OmegaConf.load(CONF_DIR / "model" / "tiny.yaml")
-        tiny.pop("defaults", None)
-        cfg.model = OmegaConf.merge(cfg.model, tiny)
-        return ("model=tiny: on a CPU the default reference trunk runs at its tiny preset "
-                "(pass model=pairformer or another preset to choose)")
-    return None
+    if not (device == "cpu" or (device == "auto" and not cuda_available())):
+        return None
+    kept = _kept_model_keys(cfg.model, overrides)
+    tiny = OmegaConf.load(CONF_DIR / "model" / "tiny.yaml")
+    tiny.pop("defaults", None)
+    model = OmegaConf.merge(cfg.model, tiny)
+    with open_dict(model):
+        for key in kept:
+            value = OmegaConf.select(cfg.model, key, default=_ABSENT)
+            if value is _ABSENT:  # ~model.key: the user removed it, tiny must not bring it back
+                parent, _, leaf = key.rpartition(".")
+                node = OmegaConf.select(model, parent) if parent else model
+                if node is not None and leaf in node:
+                    del node[leaf]
+            else:
+                OmegaConf.update(model, key, value, merge=False)
+    cfg.model = model
+    kept_text = ", ".join(f"model.{k}" for k in kept)
+    return ("model=tiny: on a CPU the default reference trunk runs at its tiny preset's sizes"
+            + (f", keeping {kept_text}" if kept else "") + " (model=pairformer on the command line runs the full size)")
+
+
+_ABSENT = object()
+
+
+def _kept_model_keys(model: DictConfig, overrides: list[str]) -> list[str]:
+    """The dotted ``model`` keys the CPU swap keeps: those a ``model.*`` override names, and those
+    that differ from the pairformer preset (set by a config file such as an experiment)."""
+    named = [key[len("model."):] for key in (o.lstrip("+~").split("=", 1)[0] for o in overrides) if key.startswith("model.")]
+    preset = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "pairformer.yaml"), resolve=False)
+    changed = _changed_keys(OmegaConf.to_container(model, resolve=False), preset)
+    return list(dict.fromkeys(named + changed))
+
+
+def _changed_keys(values: dict, preset: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose value in ``values`` differs from (or is absent in) ``preset``."""
+    out = []
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(preset.get(key), dict):
+            out += _changed_keys(value, preset[key], f"{prefix}{key}.")
+        elif key not in preset or preset[key] != value:
+            out.append(f"{prefix}{key}")
+    return out
 
 
 _warned_bf16 = False

@@ -85,3 +85,15 @@ def test_a_multirun_in_a_repository_leaves_git_status_clean(tmp_path):
     before = sorted(p.relative_to(repo) for p in repo.rglob("*") if ".git" not in p.parts)
     assert report_main([str(sweep)]) == 0  # python -m cpbench.report DIR: DIR only, the same default
     assert sorted(p.relative_to(repo) for p in repo.rglob("*") if ".git" not in p.parts) == before
+
+
+def test_a_model_key_on_a_cpu_keeps_the_tiny_swap_and_the_key(tmp_path):
+    """``python -m cpbench model.kernels=torch`` on a laptop runs the tiny sizes with torch kernels."""
+    run_dir = tmp_path / "run"
+    proc = run_cpbench(["device=cpu", "cp=1", "routine=timing", "N=16", "model.kernels=torch", "workflow.sampling=false",
+                        "workflow.recycles=0", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout_s=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (record,) = [r for _, r in iter_results(run_dir)]
+    model = record["point"]["model"]
+    assert (model["name"], model["blocks"], model["c_z"], model["kernels"]) == ("tiny", 2, 16, "torch")
+    assert record["routine"] == "timing" and "keeping model.kernels" in record["notes"][0]
