@@ -40,8 +40,9 @@ from cpbench.models.pairformer.flops import PAIRFORMER_TARGET
 from cpbench.models.pairformer.ops import kernels
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-# Config groups whose option is a file under conf/<group>/; checked before Hydra composes so
-# that an unknown option is one line, not Hydra's multi-line composition error.
+# Config groups whose option is a file under <config dir>/<group>/ (the package's conf/ or the
+# user's: check_group_choices); checked before Hydra composes so that an unknown option is one
+# line, not Hydra's multi-line composition error.
 CHECKED_GROUPS = ("workflow", "topology", "dataset", "model", "sweep", "link")
 WORKFLOWS = ("inference", "training")
 TOPOLOGIES = ("1d", "2d")
@@ -256,23 +257,99 @@ def mesh_for(topology: str, cp: int, cp0: Any) -> tuple[tuple[int, ...], tuple[s
     return (cp0, cp1), ("cp0", "cp1"), math.lcm(cp0, cp1)
 
 
-def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
-    """Check ``group=option[,option...]`` overrides against the files under ``conf/<group>/``.
+def check_group_choices(argv: list[str]) -> None:
+    """Check ``group=option[,option...]`` overrides against the options Hydra can find: the
+    files under ``<dir>/<group>/`` of the package's conf/ and of the user's config dirs
+    (``config_dirs``: ``-cd DIR``, ``hydra.searchpath=[file://DIR]``).
 
     Hydra itself rejects an unknown option only with a multi-line composition error; this
     gives the one-line error before Hydra runs. Sweep syntax other than a plain comma list
-    (``choice(...)``, globs) is left to Hydra.
+    (``choice(...)``, globs) is left to Hydra, and so is every option where the config dirs
+    cannot be listed here (``config_dirs`` returns None).
     """
+    dirs = config_dirs(argv)
+    if dirs is None:
+        return
     for arg in argv:
         key, sep, value = arg.partition("=")
         key = key.lstrip("+~")
         if not sep or key not in CHECKED_GROUPS or "(" in value or "*" in value:
             continue
-        # nested options too: model=stock/boltz2 is conf/model/stock/boltz2.yaml
-        options = sorted(p.relative_to(conf_dir / key).with_suffix("").as_posix() for p in (conf_dir / key).rglob("*.yaml"))
+        options = sorted({option for d in dirs for option in group_options(d, key)})
         for option in value.split(","):
             if option and option != "null" and option not in options:
                 raise ConfigError(key, option, f"one of {', '.join(options)}")
+
+
+def config_dirs(argv: list[str]) -> list[Any] | None:
+    """The config dirs Hydra composes from for this command line: the package's conf/, then
+    ``-cd DIR`` / ``--config-dir DIR`` and the entries of ``hydra.searchpath=[...]``
+    (``file://DIR``, relative to the working directory as Hydra reads it, or ``pkg://package/dir``).
+    Each is a ``Path`` or an ``importlib.resources`` traversable. None when one cannot be listed
+    here (``--config-path``/``-cp`` replaces the primary dir; an unknown scheme; a package that
+    does not import): then Hydra alone judges the group options."""
+    dirs: list[Any] = [CONF_DIR]
+    args = iter(argv)
+    for arg in args:
+        flag, eq, value = arg.partition("=")
+        if flag in ("-cd", "--config-dir"):
+            dirs.append(Path(os.path.abspath(value if eq else next(args, ""))))
+        elif flag in ("-cp", "--config-path"):
+            return None
+        elif flag.lstrip("+~") == "hydra.searchpath" and eq:
+            entries = _searchpath(arg)
+            if entries is None:
+                return None
+            for entry in entries:
+                found = _search_dir(entry)
+                if found is None:
+                    return None
+                dirs.append(found)
+    return dirs
+
+
+def _searchpath(arg: str) -> list[str] | None:
+    """The entries of a ``hydra.searchpath=[...]`` override, parsed as Hydra parses it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        value = OverridesParser.create().parse_override(arg).value()
+    except Exception:  # noqa: BLE001 - a malformed override: Hydra's own error says what is wrong
+        return None
+    return [str(v) for v in value] if isinstance(value, list) else None
+
+
+def _search_dir(entry: str) -> Any | None:
+    """A search path entry as a directory to list: ``file://DIR`` or ``pkg://package/dir``."""
+    scheme, sep, path = entry.partition("://")
+    if sep and scheme == "file":
+        return Path(path)
+    if sep and scheme == "pkg":
+        from importlib import resources
+
+        try:
+            return resources.files(path.replace("/", ".").rstrip("."))  # Hydra's own reading of pkg://
+        except (ImportError, TypeError, ValueError):
+            return None
+    return None
+
+
+def group_options(config_dir: Any, group: str) -> list[str]:
+    """The options of ``group`` in one config dir: its ``<group>/**/*.yaml`` files, nested ones
+    as ``sub/name`` (``model=stock/boltz2`` is ``model/stock/boltz2.yaml``)."""
+    found: list[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        for child in node.iterdir():
+            if child.is_dir():
+                walk(child, f"{prefix}{child.name}/")
+            elif child.name.endswith(".yaml"):
+                found.append(prefix + child.name[: -len(".yaml")])
+
+    base = config_dir.joinpath(group)
+    if base.is_dir():
+        walk(base, "")
+    return found
 
 
 def signature_config(cfg: DictConfig | dict) -> dict:

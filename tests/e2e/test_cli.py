@@ -97,3 +97,20 @@ def test_a_model_key_on_a_cpu_keeps_the_tiny_swap_and_the_key(tmp_path):
     model = record["point"]["model"]
     assert (model["name"], model["blocks"], model["c_z"], model["kernels"]) == ("tiny", 2, 16, "torch")
     assert record["routine"] == "timing" and "keeping model.kernels" in record["notes"][0]
+
+
+@pytest.mark.parametrize("where", ["--config-dir", "hydra.searchpath"])
+def test_a_model_option_from_the_users_config_dir_runs(tmp_path, where):
+    mine = tmp_path / "mine"
+    (mine / "model").mkdir(parents=True)
+    (mine / "model" / "mine.yaml").write_text("name: mine\n_target_: tests.helpers.faults.FaultAdapter\nfault: none\n")
+    flags = ["--config-dir", str(mine)] if where == "--config-dir" else [f"hydra.searchpath=[file://{mine}]"]
+    run_dir = tmp_path / "run"
+    proc = run_cpbench([*flags, "model=mine", "device=cpu", "cp=1", "routine=timing", "N=32", f"hydra.run.dir={run_dir}"],
+                       cwd=tmp_path, timeout_s=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (record,) = [r for _, r in iter_results(run_dir)]
+    assert record["status"] == "ok" and record["point"]["model"]["name"] == "mine"
+    nope = run_cpbench([*flags, "model=nope", "device=cpu"], cwd=tmp_path, timeout_s=60)
+    assert nope.returncode == 2 and nope.stderr.strip().startswith("cpbench: error: model=nope: one of ")
+    assert "mine" in nope.stderr and len(nope.stderr.strip().splitlines()) == 1

@@ -123,3 +123,43 @@ def test_cli_config_error_is_one_line_exit_2_and_no_job_starts(tmp_path, args, k
     assert len(lines) == 1 and lines[0].startswith(f"cpbench: error: {key}"), proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     assert not list(tmp_path.rglob("result.json"))
+
+
+def _user_conf(root):
+    """A user's config dir with one model option of its own (a nested one too)."""
+    (root / "model" / "lab").mkdir(parents=True)
+    for path in (root / "model" / "mine.yaml", root / "model" / "lab" / "big.yaml"):
+        path.write_text("name: mine\n_target_: tests.helpers.faults.FaultAdapter\n")
+    return root
+
+
+@pytest.mark.parametrize("flags", [
+    lambda d: ["--config-dir", str(d)],
+    lambda d: ["-cd", str(d)],
+    lambda d: [f"--config-dir={d}"],
+    lambda d: [f"hydra.searchpath=[file://{d}]"],
+    lambda d: [f"hydra.searchpath=['file://{d}','pkg://hydra.conf']"],
+], ids=["config-dir", "cd", "config-dir=", "searchpath", "searchpath-quoted"])
+def test_group_options_in_the_users_config_dirs_pass_the_check(tmp_path, flags):
+    args = flags(_user_conf(tmp_path / "mine"))
+    check_group_choices([*args, "model=mine", "-m", "model=lab/big,tiny", "workflow=training"])
+    with pytest.raises(ConfigError, match=r"^model=nope: one of .*lab/big, mine, .*tiny"):
+        check_group_choices([*args, "model=nope"])
+    with pytest.raises(ConfigError, match=r"^model=mine: one of "):
+        check_group_choices(["model=mine"])  # not without the user's dir
+
+
+def test_a_pkg_search_path_is_listed_like_a_directory(tmp_path, monkeypatch):
+    package = tmp_path / "userpkg"
+    _user_conf(package / "conf")
+    (package / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    check_group_choices(["hydra.searchpath=[pkg://userpkg/conf]", "model=mine"])
+    with pytest.raises(ConfigError, match=r"^model=nope:"):
+        check_group_choices(["hydra.searchpath=[pkg://userpkg.conf]", "model=nope"])
+
+
+def test_search_paths_that_cannot_be_listed_here_leave_the_check_to_hydra():
+    check_group_choices(["--config-path", "/elsewhere", "model=theirs"])  # another primary dir
+    check_group_choices(["hydra.searchpath=[pkg://no_such_package/conf]", "model=theirs"])
+    check_group_choices(["hydra.searchpath=[structured://x]", "model=theirs"])
