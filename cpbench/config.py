@@ -53,7 +53,7 @@ UNSIGNED_KEYS = ("resume", "report", "hydra")
 
 # Auto values, per device kind (conf/config.yaml comments say the same).
 # GPU: sized for a default job (`python -m cpbench`) that answers on one H200 in about ten
-# minutes (not yet timed end to end; docs/perf_notes.md, "Ninth device session"): a predict probe
+# minutes (564 s on a warm machine: docs/perf_notes.md, "The harness and its verdicts"): a predict probe
 # from 1,024 (three lean points, 30-45 s each, most of it compiling), a bracket one
 # granularity wide around the prediction (512: the near-limit point with sampling takes 2-5
 # minutes, so a finer default would cost a point each halving), its two ends re-run (verify),
@@ -547,7 +547,8 @@ def auto_cuda_graphs(routine: str, kernels: str, device: str) -> bool:
     answers with memory, which graphs do not lower, and its verdicts were measured eager; not
     under ``model.kernels=torch``, the reference path, timed as it always was. On one H200 the
     64-block pass at N=512 took 260 ms with graphs against 520 ms without (sampling at N=512:
-    3.9 against 11.8 s), and the same at N=2,048 (``docs/perf_notes.md``, seventeenth session)."""
+    3.9 against 11.8 s), and the same at N=2,048 (``docs/perf_notes.md``, "The 64-block pass: compiled
+    passes and CUDA graphs")."""
     return device == "cuda" and routine == "timing" and kernels != "torch"
 
 
