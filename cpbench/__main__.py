@@ -36,7 +36,7 @@ def _fail(exc: ConfigError) -> None:
     raise SystemExit(2)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> str:
     try:
         record = run_job(cfg)

@@ -39,7 +39,7 @@ from cpbench.models.api import (
 from cpbench.models.pairformer.flops import PAIRFORMER_TARGET
 from cpbench.models.pairformer.ops import kernels
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parent / "conf"  # the config tree ships inside the package
 # Config groups whose option is a file under <config dir>/<group>/ (the package's conf/ or the
 # user's: check_group_choices); checked before Hydra composes so that an unknown option is one
 # line, not Hydra's multi-line composition error.
@@ -51,7 +51,7 @@ DEVICES = ("auto", "cuda", "cpu")
 # Keys that do not change a measurement, left out of the resume signature.
 UNSIGNED_KEYS = ("resume", "report", "hydra")
 
-# Auto values, per device kind (conf/config.yaml comments say the same).
+# Auto values, per device kind (cpbench/conf/config.yaml comments say the same).
 # GPU: sized for a default job (`python -m cpbench`) that answers on one H200 in about ten
 # minutes (564 s on a warm machine: docs/perf_notes.md, "The harness and its verdicts"): a predict probe
 # from 1,024 (three lean points, 30-45 s each, most of it compiling), a bracket one
@@ -197,7 +197,7 @@ def weak_n(base: Any, cp: Any) -> int:
 
 
 def register_resolvers() -> None:
-    """Register ``${cpbench_weak_n:base,cp}`` (conf/sweep/weak.yaml); idempotent."""
+    """Register ``${cpbench_weak_n:base,cp}`` (cpbench/conf/sweep/weak.yaml); idempotent."""
     if not OmegaConf.has_resolver("cpbench_weak_n"):
         OmegaConf.register_new_resolver("cpbench_weak_n", weak_n)
 

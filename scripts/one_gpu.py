@@ -1,6 +1,6 @@
 """What the one-device scripts (``profile_ops.py``, ``graph_parity.py``) share: a one-rank
 process group with its ``("cp",)`` mesh, and the boltz2 trunk-only model and inputs they run
-(the reference adapter's defaults are the boltz2 sizes, ``conf/model/boltz2.yaml``; trunk only:
+(the reference adapter's defaults are the boltz2 sizes, ``cpbench/conf/model/boltz2.yaml``; trunk only:
 no MSA module, no recycling, no sampling). Imported from the scripts' folder."""
 
 from __future__ import annotations

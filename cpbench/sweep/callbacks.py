@@ -1,4 +1,4 @@
-"""Hydra callbacks of a multirun (registered in conf/config.yaml under ``hydra.callbacks``).
+"""Hydra callbacks of a multirun (registered in cpbench/conf/config.yaml under ``hydra.callbacks``).
 
 * ``on_multirun_start``: expand the sweep exactly as Hydra's BasicSweeper does, compose every
   point with the config loader's ``load_sweep_config`` and validate it; one bad point stops

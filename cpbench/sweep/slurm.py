@@ -41,7 +41,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmitit
 
 log = logging.getLogger("cpbench")
 
-# Keys of conf/hydra/launcher/slurm.yaml that are cpbench's, not submitit's.
+# Keys of cpbench/conf/hydra/launcher/slurm.yaml that are cpbench's, not submitit's.
 OWN_KEYS = ("gpus_per_node", "wait", "poll_s", "sigterm_grace_s")
 # Submitit settings the launcher derives from cp; setting them would contradict the point.
 DERIVED_KEYS = ("nodes", "tasks_per_node")
@@ -79,7 +79,7 @@ class PlannedJob:
 class GroupedSlurmLauncher(BaseSubmititLauncher):
     """Hydra launcher: one SLURM job (one task per rank) per sweep point, grouped into arrays.
 
-    Parameters are conf/hydra/launcher/slurm.yaml: every submitit SLURM setting, plus
+    Parameters are cpbench/conf/hydra/launcher/slurm.yaml: every submitit SLURM setting, plus
     ``gpus_per_node`` (0 = CPU cluster), ``wait``, ``poll_s`` and ``sigterm_grace_s``.
     """
 

@@ -41,9 +41,9 @@ def _cluster():
 
 @pytest.fixture(scope="module")
 def code_snapshot(tmp_path_factory) -> Path:
-    """cpbench and conf/ as they are now, put first on PYTHONPATH of the controller and its jobs."""
+    """cpbench (its config tree inside) as it is now, put first on PYTHONPATH of the controller and its jobs."""
     root = tmp_path_factory.mktemp("code")
-    for name in ("cpbench", "conf"):
+    for name in ("cpbench",):
         shutil.copytree(REPO_ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
     return root
 

@@ -28,11 +28,11 @@ CPS, NS = (2, 4, 8), (16, 32)
 
 @pytest.fixture()
 def frozen_code(tmp_path, monkeypatch) -> Path:
-    """cpbench and conf/ as they are now, first on PYTHONPATH of the controller and its workers:
+    """cpbench (its config tree inside) as it is now, first on PYTHONPATH of the controller and its workers:
     a point's signature hashes cpbench's sources, so an edit of the tree during the sweep would
     give the later jobs of a configuration another probe (as in tests/cluster)."""
     root = tmp_path / "code"
-    for name in ("cpbench", "conf"):
+    for name in ("cpbench",):
         shutil.copytree(REPO_ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
     return root

@@ -25,7 +25,7 @@ def test_inference_depth_is_two_blocks_and_training_depth_is_all():
 
 
 def test_gpu_auto_probe_values_follow_the_config_comments():
-    """The default GPU job's probe (conf/config.yaml, config.AUTO_*): predict from 1,024 (training
+    """The default GPU job's probe (cpbench/conf/config.yaml, config.AUTO_*): predict from 1,024 (training
     512), bracket 512 wide, one block per inference step, re-run ends."""
     base = {"start": "auto", "granularity": "auto", "growth": 2, "timeout_s": 900, "depth": "auto", "max_points": 32}
     inference = _probe_settings(base, "cuda", 1, train=False, model={})
@@ -71,7 +71,7 @@ def test_cuda_graphs_auto(routine, kernels, device, graphs):
     (("routine=timing", "N=64", "model.cuda_graphs=false"), False),
 ])
 def test_cuda_graphs_reaches_the_adapter_as_a_bool(overrides, graphs):
-    """``model.cuda_graphs`` defaults to auto (conf/model/pairformer.yaml), resolved per point."""
+    """``model.cuda_graphs`` defaults to auto (cpbench/conf/model/pairformer.yaml), resolved per point."""
     point = resolve_point(compose_cfg("device=cpu", "model=boltz2", *overrides))
     assert point.model["cuda_graphs"] is graphs
 

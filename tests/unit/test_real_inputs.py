@@ -88,7 +88,7 @@ def test_fasta_ligands_and_msa_cap(tmp_path):
 def test_dataset_config_composes_and_resolves():
     from hydra import compose, initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(Path(__file__).parents[2] / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=str(Path(__file__).parents[2] / "cpbench" / "conf"), version_base=None):
         cfg = compose("config", overrides=["dataset=real", "dataset.inputs=dna_duplex.fasta"])
         assert resolve_input_sizes(cfg.dataset) == InputSizes("dna_duplex.fasta", 24, 492, 1)
         missing = compose("config", overrides=["dataset=real"])

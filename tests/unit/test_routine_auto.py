@@ -50,7 +50,7 @@ def test_auto_is_a_timing_when_the_resolved_config_has_n_else_the_probe():
 
 
 def test_auto_follows_n_set_anywhere_not_only_on_the_command_line():
-    """N from a named sweep (conf/sweep/strong.yaml sets N, routine=timing) or an interpolation
+    """N from a named sweep (cpbench/conf/sweep/strong.yaml sets N, routine=timing) or an interpolation
     resolves like N typed on the command line; what decides is the composed config."""
     cfg = compose_cfg("device=cpu", "model=tiny")
     cfg.N = "${S}"  # set by a config file, not by any override
