@@ -26,8 +26,8 @@ def walltime_exponent(n_tokens, walltime_ms) -> float | None:
 
 
 TIMING_POINT = ["model", "workflow", "CP config", "N_tokens"]
-# A timing series: the points of one walltime curve. The kernel backend is part of it (call fr ran
-# the same point under flex and torch: neither replaces the other).
+# A timing series: the points of one walltime curve. The kernel backend is part of it (one run may
+# time the same point under flex and torch: neither replaces the other).
 TIMING_SERIES = ["model", "workflow", "CP config", "kernels"]
 
 
@@ -91,7 +91,7 @@ def best_fit_per_cp(fits: pd.DataFrame) -> pd.DataFrame:
 
 
 # An out-of-memory more than this many tokens above a max N leaves the limit anywhere in between:
-# such a figure is a lower bound too ("coarse"), the exactness the GPU probes are held to (#18).
+# such a figure is a lower bound too ("coarse"), the exactness the GPU probes are held to.
 COARSE_GAP_TOKENS = 512
 
 
