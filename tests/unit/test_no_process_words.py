@@ -63,8 +63,9 @@ def process_words(text: str) -> list[tuple[int, str, str]]:
     for kind, pattern in PATTERNS.items():
         for m in re.finditer(pattern, text, re.IGNORECASE):
             if kind == "call label":
-                label = re.split(r"[- ]", m.group(0), maxsplit=1)[-1].split(",")[0].split()[0].lower()
-                if label in ENGLISH_AFTER_CALL and not m.group(0).lower().startswith("call-"):
+                # "calls a, b and c" lists labels; "call on, or ..." is English
+                labels = set(re.findall(r"\b\w+\b", re.split(r"[- ]", m.group(0).lower(), maxsplit=1)[-1]))
+                if labels <= ENGLISH_AFTER_CALL | {"and"} and not m.group(0).lower().startswith("call-"):
                     continue
                 if PATH_WORD.search(_word_around(text, m.start(), m.end())):
                     continue
@@ -83,7 +84,7 @@ def process_words(text: str) -> list[tuple[int, str, str]]:
     "measured in the seventeenth session", "the 9th device session", "(docs/perf_notes.md, \"Ninth device\n# session\")",
     "not measured this session", "met in the second campaign", "as campaign8_h200 ran it",
     "the regression #17 names", "see issue 36", "call-g2 ran it", "call g2 of the run", "calls e and t agree",
-    "in call fr", "calls 8 to 10", "call4 to call7", "Call e (commit f0a59b1)",
+    "in call fr", "calls 8 to 10", "call4 to call7", "Call e (commit f0a59b1)", "calls a, b and c",
 ])
 def test_process_words_are_found(text):
     assert process_words(text), text
@@ -96,6 +97,7 @@ def test_process_words_are_found(text):
     "(`2026-12-02-h200-h/call-y/h19/2/result.json`)", "submitit calls it on the time limit",
     "the three hooks cpbench calls to benchmark", "call a function", "a call to agree_min",
     "as Boltz2.forward calls it, with", "each call is one step", "the first call in a process",
+    "whichever it has to call on, or none",
     "(NVIDIA/nccl issue 1685, excluding PyTorch's)", "NCCL's published footprint (nccl issues 1685, 864)",
 ])
 def test_ordinary_words_are_not_flagged(text):
