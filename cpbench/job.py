@@ -203,8 +203,6 @@ def run_job(cfg: DictConfig) -> dict:
 
 def _run_job(cfg: DictConfig, ctx: JobContext) -> dict:
     note = cpu_default_model(cfg, ctx.model_choice, ctx.overrides)
-    if note:
-        log.info("cpbench: %s", note)
     try:
         point = resolve_point(cfg)
     except ConfigError as exc:
@@ -214,7 +212,10 @@ def _run_job(cfg: DictConfig, ctx: JobContext) -> dict:
         return finish(cfg, ctx, None, "error", str(exc))
     _seen.routine = point.routine
     auto_probe = cfg.get("routine") == "auto" and point.routine == "timing"
+    # The first line states what runs (the resolved routine); the model swap's note follows it.
     log.info("%s%s", _progress(ctx.job_num), results.start_line(point.record(), point.routine, cfg.get("routine")))
+    if note:
+        log.info("%scpbench: %s", _progress(ctx.job_num), note)
     _warn_emulated_bf16(point)
 
     sig_config = signature_config(cfg)

@@ -97,6 +97,8 @@ def test_a_model_key_on_a_cpu_keeps_the_tiny_swap_and_the_key(tmp_path):
     model = record["point"]["model"]
     assert (model["name"], model["blocks"], model["c_z"], model["kernels"]) == ("tiny", 2, 16, "torch")
     assert record["routine"] == "timing" and "keeping model.kernels" in record["notes"][0]
+    logged = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "cpbench: " in ln]
+    assert "timing at N=16 of model tiny" in logged[0] and "keeping model.kernels" in logged[1]  # what runs, first
 
 
 @pytest.mark.parametrize("where", ["--config-dir", "hydra.searchpath"])
