@@ -43,7 +43,7 @@ CONF_DIR = Path(__file__).resolve().parent / "conf"  # the config tree ships ins
 # Config groups whose option is a file under <config dir>/<group>/ (the package's conf/ or the
 # user's: check_group_choices); checked before Hydra composes so that an unknown option is one
 # line, not Hydra's multi-line composition error.
-CHECKED_GROUPS = ("workflow", "topology", "dataset", "model", "sweep", "link")
+CHECKED_GROUPS = ("workflow", "topology", "dataset", "model", "sweep", "link", "headline", "experiment")
 WORKFLOWS = ("inference", "training")
 TOPOLOGIES = ("1d", "2d")
 ROUTINES = ("auto", "probe", "timing")

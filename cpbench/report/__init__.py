@@ -5,11 +5,10 @@
 
 writes ``cp_benchmark.md``, ``cp_benchmark.csv`` and ``cp_benchmark_<plot>.png`` into the
 directory, and with ``--out`` the same markdown at that path with its CSV and plots beside it
-(links are relative, so both copies read correctly). With ``--readme`` the headline (max N per
-configuration, ``cpbench.report.headline``) replaces the text between the README's
-``<!-- headline:start -->`` and ``<!-- headline:end -->`` markers, and the walltime of each
-whole-model timing point (``cpbench.report.walltime_headline``) the text between its
-``<!-- walltime:start -->`` and ``<!-- walltime:end -->`` markers, where it has them. It needs nothing but the JSON files, and
+(links are relative, so both copies read correctly). With ``--readme`` the results table (max N,
+step time and reproducing command per configuration, ``cpbench.report.readme``) replaces the text
+between the README's ``<!-- headline:start -->`` and ``<!-- headline:end -->`` markers. It needs
+nothing but the JSON files, and
 failed jobs (oom, timeout, error, insufficient_gpus) and unstable probes keep their rows. The multirun's end
 callback calls ``build_report(sweep_dir, out=report.out)``.
 """
@@ -22,13 +21,14 @@ from pathlib import Path
 import pandas as pd
 
 from cpbench.report.backends import backends_section, read_parity
-from cpbench.report.headline import headline_rows, headline_section, readme_block, replace_marked_block, run_context
+from cpbench.report.cp_curve import cp_curve_section, emulated_timing_section
+from cpbench.report.headline import headline_rows, headline_section, run_context
 from cpbench.report.load import load_records
 from cpbench.report.plots import write_plots
+from cpbench.report.readme import readme_table, replace_marked_block, table_rows
 from cpbench.report.readout import readout
 from cpbench.report.rows import probe_point_rows, result_rows
 from cpbench.report.sections import flops_section, memory_section, metadata_section, plots_section, results_section
-from cpbench.report.walltime_headline import WALLTIME_END, WALLTIME_START, walltime_block, walltime_lines
 
 REPORT_STEM = "cp_benchmark"
 
@@ -84,10 +84,9 @@ def build_report(root, out=None, baseline_max_n: int | None = None,
         written.update(_write(out, rows, records, copied, command, baseline_max_n, "out_", parity))
     if readme is not None:
         headline = headline_rows(rows, baseline_max_n)
-        if replace_marked_block(Path(readme), readme_block(headline, run_context(records, headline))):
+        block = readme_table(table_rows(headline, rows), run_context(records, headline, routine=None))
+        if replace_marked_block(Path(readme), block):
             written["readme"] = Path(readme)
-            walltimes = walltime_block(walltime_lines(rows), run_context(records, [], routine="timing"))
-            replace_marked_block(Path(readme), walltimes, WALLTIME_START, WALLTIME_END)  # where it has them
     return written
 
 
@@ -101,14 +100,16 @@ def render_markdown(rows: pd.DataFrame, records: list[dict], plots: list, comman
         "(rebuild it with the same command on the run's directory).",
         metadata_section(records, rows, command),
         headline_section(headline_rows(rows, baseline_max_n)),
+        cp_curve_section(rows),
         results_section(rows),
+        emulated_timing_section(rows),
         plots_section(plots),
         "## Readout\n\n" + readout(rows, baseline_max_n),
         memory_section(records, rows),
         flops_section(rows, records) if not rows.empty else "## FLOPs\n\nNo results.",
         backends_section(rows, parity or []),
     ]
-    return "\n\n".join(sections) + "\n"
+    return "\n\n".join(s for s in sections if s) + "\n"
 
 
 def _write(md_path: Path, rows, records, plots, command, baseline_max_n, prefix: str,

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from cpbench.report import build_report
-from cpbench.report.headline import README_END, README_START
+from cpbench.report.readme import README_END, README_START
 
 
 def main(argv: list[str] | None = None) -> int:

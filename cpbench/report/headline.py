@@ -2,9 +2,7 @@
 
 ``headline_rows`` owns the figures (the largest measured max N of each configuration, whether it
 is only a lower bound and why, the baseline and the ratio); ``headline_section`` writes them as
-the report's "Headline" table and ``readme_block`` as the short list that
-``python -m cpbench.report DIR --readme README.md`` puts between the README's markers
-(``replace_marked_block``).
+the report's "Headline" table, and ``cpbench.report.readme`` as the README's results table.
 
 Baseline: ``report.baseline_max_n`` when given; else, where the results hold a stock model's
 probe of the same workflow (``model=stock/*``: ``analysis.stock_baselines``), that single-GPU max N
@@ -15,7 +13,6 @@ same model and workflow (any topology: cp=1 is the same computation in 1d and 2d
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 
@@ -30,9 +27,6 @@ from cpbench.report.analysis import (
     stock_baselines,
 )
 from cpbench.report.rows import day_of
-
-README_START = "<!-- headline:start -->"
-README_END = "<!-- headline:end -->"
 
 
 @dataclass(frozen=True)
@@ -50,6 +44,7 @@ class HeadlineRow:
     baseline_n: int | None = None
     baseline_name: str | None = None   # "cp=1" | "baseline" | "the stock Boltz-2 trunk on one GPU (5,120)"
     baseline_lower: bool = False
+    command: str | None = None         # the command that made the figure (its record's overrides)
 
     @property
     def ratio(self) -> float | None:
@@ -91,7 +86,7 @@ def headline_rows(rows: pd.DataFrame, baseline_max_n: int | None = None) -> list
                 baseline = {"baseline_n": int(cp1["N_tokens"].iloc[0]), "baseline_name": "cp=1",
                             "baseline_lower": bool(is_lower_bound(cp1).iloc[0])}
             out.append(HeadlineRow(str(model), str(workflow), str(cp_config), int(row["cp"]), int(row["N_tokens"]),
-                                   reason, _note(row, reason), **baseline))
+                                   reason, _note(row, reason), command=row.get("command"), **baseline))
     return sorted(out, key=lambda h: (h.model, h.workflow, h.cp, h.cp_config))
 
 
@@ -161,39 +156,10 @@ def _baseline_text(headline: list[HeadlineRow]) -> str:
     return "the cp=1 probe of the same model and workflow (any topology)."
 
 
-def readme_block(headline: list[HeadlineRow], context: str) -> str:
-    """The README's headline: a lead line naming ``context`` (device, date, dtype) and one list
-    item per configuration, e.g. ``- inference, 1d cp=2: max N 16,384 (1.33× cp=1; OOM at 24,576)``."""
-    with_model = len({h.model for h in headline}) > 1
-    lines = [f"Max N measured {context}; `≥` marks a lower bound (written by `python -m cpbench.report --readme`):", ""]
-    for h in headline:
-        detail = "; ".join(t for t in (h.ratio_text(), h.note) if t)
-        what = f"{h.model} {h.workflow}" if with_model else h.workflow
-        lines.append(f"- {what}, {h.cp_config}: max N {h.max_n_text()}" + (f" ({detail})" if detail else ""))
-    if not headline:
-        lines.append("- no probe found a max N")
-    return "\n".join(lines)
-
-
-def replace_marked_block(path: Path, block: str, start_marker: str = README_START,
-                         end_marker: str = README_END) -> bool:
-    """Replace the text between ``start_marker`` and ``end_marker`` (the headline's by default) in
-    ``path`` by ``block`` (the markers stay); False, and the file unchanged, when the markers are
-    missing or out of order."""
-    text = path.read_text()
-    start, end = text.find(start_marker), text.find(end_marker)
-    if start < 0 or end < start:
-        return False
-    new = text[:start + len(start_marker)] + "\n" + block.strip("\n") + "\n" + text[end:]
-    if new != text:
-        path.write_text(new)
-    return True
-
-
-def run_context(records: list[dict], headline: list[HeadlineRow], routine: str = "probe") -> str:
+def run_context(records: list[dict], headline: list[HeadlineRow], routine: str | None = "probe") -> str:
     """``on NVIDIA H200 (2026-11-30, boltz2, bf16)``: where and when the probes behind the headline
-    ran (the timing points, with ``routine="timing"``)."""
-    probes = [r for r in records if r.get("routine") == routine]
+    ran (the timing points, with ``routine="timing"``; every result with ``routine=None``)."""
+    probes = [r for r in records if routine is None or r.get("routine") == routine]
     envs = [r.get("env") or {} for r in probes]
     gpus = sorted({str(e["gpu_model"]) for e in envs if e.get("gpu_model")})
     where = f"on {', '.join(gpus)}" if gpus else "on CPU"

@@ -3,8 +3,9 @@
 Each ``plot_*`` takes the report's frames (``cpbench.report.rows``), writes one PNG and returns
 None, or returns the reason it was skipped (data absent) without writing anything:
 
-* ``max_n``: max N vs cp, a panel per workflow, a line per topology, with the ideal √cp line from
-  the smallest cp; an OOM bracket as an error bar, a lower bound as an open marker with an arrow up;
+* ``max_n``: the CP curve, max N vs cp, a panel per workflow, a line per topology (emulated series
+  apart, dotted), with the ideal √cp line from cp=1; an OOM bracket as an error bar, a lower
+  bound as an open marker with an arrow up;
 * ``walltime``: median walltime vs N on log axes, with the fitted exponent per CP config;
 * ``memory``: per-rank peak memory vs N with the fitted a·N² + b·N + c per CP config;
 * ``comm``: the communication share of the step per CP config;
@@ -66,61 +67,72 @@ def _save(fig, path: Path) -> None:
 
 
 def plot_max_n(rows: pd.DataFrame, path: Path) -> str | None:
-    """Max N vs cp, one panel per workflow (inference with and without sampling share one), a
-    line per (model, workflow, topology) with ideal √cp scaling dashed. A max N bounded by an
-    out-of-memory is a filled marker with an error bar up to the first failing N; a lower bound
-    (``readout.is_lower_bound``) an open marker with an arrow pointing up."""
+    """The CP curve: max N vs cp, one panel per workflow (inference with and without sampling
+    share one), a line per (model, workflow, topology, measured or emulated), and the ideal √cp
+    line from the cp=1 max N of the same model and workflow (else the series' smallest cp). A
+    max N bounded by an out-of-memory is a filled marker with an error bar up to the first failing
+    N; a lower bound (``readout.is_lower_bound``) an open marker with an arrow pointing up.
+    Emulated series (``emulate=true``) are dotted with square markers and say so in the legend."""
     fits = rows[(rows["row"] == "max-fit") & rows["N_tokens"].notna()] if not rows.empty else rows
     if fits.empty:
         return "no probe result with a max N"
+    fits = fits.assign(emulated=fits["emulated"].fillna(False).astype(bool) if "emulated" in fits else False)
     with_model = fits["model"].nunique() > 1
     panels = sorted(fits["workflow"].astype(str).str.split("+").str[0].unique())
     fig, axes = plt.subplots(1, len(panels), figsize=(6.0 * len(panels), 4.6), squeeze=False)
     series = 0
     for ax, panel in zip(axes[0], panels):
         in_panel = fits[fits["workflow"].astype(str).str.split("+").str[0] == panel]
-        groups = list(in_panel.groupby(["model", "workflow", "topology"], sort=True))
+        groups = list(in_panel.groupby(["model", "workflow", "topology", "emulated"], sort=True))
         tips = []
-        for i, (keys, grp) in enumerate(groups):
+        for i, ((model, workflow, topology, emulated), grp) in enumerate(groups):
             # a small shift along cp (log scale) keeps series at the same (cp, N) apart
             shift = 2 ** (0.04 * (i - (len(groups) - 1) / 2))
-            tips += _max_n_series(ax, best_fit_per_cp(grp), f"C{series % 10}", _series_label(keys, with_model), shift)
+            same = in_panel[(in_panel["model"] == model) & (in_panel["workflow"] == workflow)]
+            cp1 = best_fit_per_cp(same[(same["cp"] == 1) & ~same["emulated"]])
+            anchor = float(cp1["N_tokens"].iloc[0]) if not cp1.empty else None
+            label = _series_label((model, workflow, topology, "emulated" if emulated else ""), with_model)
+            tips += _max_n_series(ax, best_fit_per_cp(grp), f"C{series % 10}", label, shift, bool(emulated), anchor)
             series += 1
         if tips:
             ax.set_ylim(top=max(ax.get_ylim()[1], 1.03 * max(tips)))
         ax.set_xscale("log", base=2)
-        ax.set_title(f"{panel}: max N that fits vs CP size", fontsize=10)
+        ax.set_title(f"{panel}: the CP curve (max N that fits vs CP size)", fontsize=10)
         ax.set_xlabel("CP size (GPUs)")
         ax.set_ylabel("max N (tokens)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.text(0.01, 0.01, "filled: bounded by an OOM (bar up to the first failing N); open + arrow: a lower bound",
-             fontsize=7, alpha=0.8)
+    fig.text(0.01, 0.01, "filled: bounded by an OOM (bar up to the first failing N); open + arrow: a lower bound; "
+             "dotted squares: emulated (rank 0 of cp=K alone, emulate=true)", fontsize=7, alpha=0.8)
     _save(fig, path)
     return None
 
 
-def _max_n_series(ax, best: pd.DataFrame, color: str, label: str, shift: float = 1.0) -> list[float]:
-    """One line of ``plot_max_n``: markers by bound, the OOM bracket, the ideal √cp line, each cp
-    drawn at ``cp·shift``; returns the tips of its lower-bound arrows."""
+def _max_n_series(ax, best: pd.DataFrame, color: str, label: str, shift: float = 1.0, emulated: bool = False,
+                  cp1_max_n: float | None = None) -> list[float]:
+    """One line of ``plot_max_n``: markers by bound, the OOM bracket, the ideal √cp line (from
+    ``cp1_max_n`` at cp=1 where given, else from the series' smallest cp), each cp drawn at
+    ``cp·shift``; returns the tips of its lower-bound arrows."""
     cps = best["cp"].astype(float).to_numpy() * shift
     max_n = best["N_tokens"].astype(float).to_numpy()
     lower = is_lower_bound(best).to_numpy()
-    ax.plot(cps, max_n, "-", color=color, label=label)
+    marker = "s" if emulated else "o"
+    ax.plot(cps, max_n, ":" if emulated else "-", color=color, label=label)
     exact = ~lower
     if exact.any():
         fail = pd.to_numeric(best["first_fail_n"], errors="coerce").astype(float).to_numpy()
         above = np.where(np.isnan(fail), 0.0, fail - max_n)[exact]
-        ax.errorbar(cps[exact], max_n[exact], yerr=[np.zeros_like(above), above], fmt="o", color=color,
+        ax.errorbar(cps[exact], max_n[exact], yerr=[np.zeros_like(above), above], fmt=marker, color=color,
                     capsize=4, markersize=6)
     tips = []
     for cp, n in zip(cps[lower], max_n[lower]):
-        ax.plot([cp], [n], "o", markerfacecolor="none", markeredgecolor=color, markersize=7)
+        ax.plot([cp], [n], marker, markerfacecolor="none", markeredgecolor=color, markersize=7)
         tips.append(n * 1.12)
         ax.annotate("", xy=(cp, tips[-1]), xytext=(cp, n), arrowprops={"arrowstyle": "->", "color": color})
-    ideal_cp = np.geomspace(cps[0], max(cps[-1], cps[0] * 2), 20)
-    ax.plot(ideal_cp, max_n[0] * np.sqrt(ideal_cp / cps[0]), "--", color=color, alpha=0.5,
-            label=f"ideal √cp from cp={round(cps[0] / shift)}")
+    base_cp, base_n = (shift, cp1_max_n) if cp1_max_n else (cps[0], max_n[0])
+    ideal_cp = np.geomspace(base_cp, max(cps[-1], base_cp * 2), 20)
+    ax.plot(ideal_cp, base_n * np.sqrt(ideal_cp / base_cp), "--", color=color, alpha=0.5,
+            label=f"ideal √cp from cp={round(base_cp / shift)}")
     return tips
 
 

@@ -27,6 +27,7 @@ ENERGY_COLUMN = "energy (J/step)"  # summed over ranks (energy_j_per_step_per_ra
 SIZE_KEYS = frozenset({"model.blocks", "model.msa_blocks", "model.atom_blocks", "model.c_s", "model.c_z",
                        "model.diffusion.blocks"})
 COMPILED_TRAINING = "model.compile_training=true"  # the label of a training point on the compiled flex path
+PAIRFORMER_PRESET = "pairformer"  # model=pairformer: the sizes of model=boltz2 under the preset's own name
 
 
 def model_label(rec: dict) -> str | None:
@@ -36,6 +37,8 @@ def model_label(rec: dict) -> str | None:
     CPU the ``torch`` ops train whatever it says)."""
     point = rec.get("point") or {}
     name = (point.get("model") or (rec.get("config") or {}).get("model") or {}).get("name")
+    if name == PAIRFORMER_PRESET:  # the default preset is the reference trunk at Boltz-2's sizes: one name
+        name = "boltz2"
     changed = [o.lstrip("+") for o in rec.get("overrides") or []
                if o.lstrip("+").split("=")[0] in SIZE_KEYS]
     model = point.get("model") or {}
@@ -43,6 +46,21 @@ def model_label(rec: dict) -> str | None:
             and point.get("device") == "cuda"):  # a different training path (kernels.ran), whatever the default was
         changed.append(COMPILED_TRAINING)
     return f"{name} [{' '.join(changed)}]" if name and changed else name
+
+
+# Overrides that say where a job wrote, or how far a probe may go, not what it measured.
+_NOT_THE_POINT = ("hydra.", "resume=", "report.", "probe.budget_s=", "probe.max_points=", "probe.timeout_s=", "timing.timeout_s=")
+
+
+def command_of(rec: dict) -> str | None:
+    """``python -m cpbench OVERRIDES``: the command that measured a record (its ``overrides``
+    less where it wrote and its time limits; ``emulate.enabled=V`` as typed, ``emulate=V``)."""
+    overrides = rec.get("overrides")
+    if overrides is None:
+        return None
+    kept = [o.replace("emulate.enabled=", "emulate=", 1) for o in map(str, overrides)
+            if not o.lstrip("+~").startswith(_NOT_THE_POINT)]
+    return " ".join(["python -m cpbench", *kept])
 
 
 def day_of(date: object) -> str:
@@ -74,15 +92,19 @@ def workflow_label(point: dict[str, Any]) -> str | None:
     return f"{workflow}+sampling" if workflow == "inference" and sampling is True else workflow
 
 
+EMULATED = "emulated"  # the CP config label's mark of an emulated point: never mixed with measured ones
+
+
 def cp_config_label(point: dict[str, Any]) -> str:
-    """``1d cp=2`` or ``2d 2x2 cp=4`` from a result's ``point``."""
+    """``1d cp=2`` or ``2d 2x2 cp=4`` from a result's ``point``; ``1d cp=2 emulated`` for rank 0
+    of cp=2 alone over the fake process group (``emulate=true``), so that every table, plot and
+    headline line keeps emulated figures apart from measured ones and says which they are."""
     topology, cp = point.get("topology", "1d"), point.get("cp")
     if cp is None:  # a job that failed before its point resolved
         return "unresolved"
     mesh = point.get("mesh_shape") or []
-    if topology == "2d" and len(mesh) == 2:
-        return f"2d {mesh[0]}x{mesh[1]} cp={cp}"
-    return f"{topology} cp={cp}"
+    label = f"2d {mesh[0]}x{mesh[1]} cp={cp}" if topology == "2d" and len(mesh) == 2 else f"{topology} cp={cp}"
+    return f"{label} {EMULATED}" if point.get("emulated") else label
 
 
 def result_rows(records: Iterable[tuple[Path, dict]], root: Path, peak_tflops: float | None = None) -> pd.DataFrame:
@@ -119,13 +141,15 @@ def probe_point_rows(records: Iterable[tuple[Path, dict]]) -> pd.DataFrame:
             rows.append({
                 "model": model_label(rec), "workflow": workflow_label(point),
                 "topology": point.get("topology"), "cp": point.get("cp"), "CP config": cp_config_label(point),
+                "emulated": bool(point.get("emulated")),
                 "kernels": kernels_of(rec, point.get("model") or (rec.get("config") or {}).get("model") or {}),
                 "dtype": point.get("dtype"), "N": p.get("N"), "fits": bool(p.get("fits")), "status": p.get("status"),
                 "peak_alloc_gib": max_over_ranks(p.get("peak_alloc_gib")),
                 "peak_reserved_gib": max_over_ranks(p.get("peak_reserved_gib")), "seconds": p.get("seconds"),
                 "lean": bool(p.get("lean")),
             })
-    return pd.DataFrame(rows, columns=["model", "workflow", "topology", "cp", "CP config", "kernels", "dtype", "N", "fits",
+    return pd.DataFrame(rows, columns=["model", "workflow", "topology", "cp", "CP config", "emulated", "kernels", "dtype",
+                                       "N", "fits",
                                        "status", "peak_alloc_gib", "peak_reserved_gib", "seconds", "lean"])
 
 
@@ -140,8 +164,8 @@ def _row(path: Path, rec: dict, root: Path, peak_tflops_cfg: float | None) -> di
         "topology": point.get("topology"), "cp": point.get("cp"),
         "mesh": "x".join(map(str, point.get("mesh_shape") or [])) or None,
         "model": model_label(rec), "stock": stock_title(model), "dtype": point.get("dtype"), "device": point.get("device"),
-        "MSA_seq": point.get("S"), "CP config": cp_config_label(point),
-        "message": _first_line(rec.get("message")), "date": env.get("date"),
+        "MSA_seq": point.get("S"), "CP config": cp_config_label(point), "emulated": bool(point.get("emulated")),
+        "message": _first_line(rec.get("message")), "date": env.get("date"), "command": command_of(rec),
         "result": str(path.relative_to(root)) if path.is_relative_to(root) else str(path),
     }
     if rec.get("routine") == "probe":
@@ -150,6 +174,7 @@ def _row(path: Path, rec: dict, root: Path, peak_tflops_cfg: float | None) -> di
         row.update(_timing_fields(rec, point))
     row["kernels"] = kernels_of(rec, model)
     row["comm bytes/block"] = stats.get("comm_bytes_per_block")
+    row.update(comm_model_fields(rec.get("comm_model")))
     row["comm share"] = comm_share(stats)
     for stage, ms in (stats.get("stage_ms") or {}).items():
         row[STAGE_PREFIX + str(stage)] = ms
@@ -267,6 +292,17 @@ def _atoms_at(n_tokens: int | None, point: dict, config: dict) -> int | None:
     if per_token is None and point.get("N") and point.get("N_atoms"):
         per_token = point["N_atoms"] / point["N"]
     return int(round(per_token * n_tokens)) if per_token else None
+
+
+def comm_model_fields(block: dict | None) -> dict[str, Any]:
+    """A timing's modelled communication (``comm_model``, ``cpbench.link``): its time on the
+    link, the predicted step range (emulated: compute alone was measured) and the dominant cost."""
+    if not block:
+        return {}
+    low_high = block.get("step_ms_range")
+    return {"comm (ms, modelled)": block.get("comm_ms"), "link": (block.get("link") or {}).get("name"),
+            "step range (ms, modelled)": f"{low_high[0]:,.0f}-{low_high[1]:,.0f}" if low_high else None,
+            "dominant cost": block.get("dominant")}
 
 
 def comm_share(stats: dict) -> float | None:

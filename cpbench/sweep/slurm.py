@@ -176,7 +176,12 @@ class GroupedSlurmLauncher(BaseSubmititLauncher):
             out_dir = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
         except Exception:  # noqa: BLE001 - a subdir pattern that needs the SLURM job id
             out_dir = Path(str(self.config.hydra.sweep.dir)) / str(idx)
-        return PlannedJob(idx, overrides, config, out_dir, resources_for(cp, gpus_per_node))
+        # emulate=true: rank 0 of cp=K alone, one task and one GPU (cpbench.harness.emulation)
+        from cpbench.config import emulate_enabled
+
+        emulate = config.get("emulate")
+        ranks = 1 if emulate_enabled(OmegaConf.to_container(emulate) if isinstance(emulate, DictConfig) else emulate) else cp
+        return PlannedJob(idx, overrides, config, out_dir, resources_for(ranks, gpus_per_node))
 
     def _executor(self, resources: JobResources) -> Any:
         """A submitit executor with the user's settings and ``resources``."""

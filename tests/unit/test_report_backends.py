@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 
 from cpbench.report import build_report
-from cpbench.report.headline import README_END, README_START
-from cpbench.report.walltime_headline import WALLTIME_END, WALLTIME_START
+from cpbench.report.readme import README_END, README_START
 
 PAIRFORMER = "cpbench.models.pairformer.adapter.PairformerAdapter"
 
@@ -95,9 +94,10 @@ def test_backends_section_says_when_nothing_was_compared(tmp_path):
     assert "No point was measured under two backends" in text
 
 
-def test_readme_lists_each_whole_model_step_on_its_fastest_backend(tmp_path):
-    """The README's walltime lines come from the report: one per whole-model point (a depth slice
-    is not a step of the model), the fastest backend's latest median with ``torch`` beside it."""
+def test_readme_table_gives_each_whole_model_step_on_its_fastest_backend(tmp_path):
+    """The README's step times come from the report: per configuration, at its largest timed N,
+    the fastest backend's latest median with ``torch`` beside it (a depth slice is not a step of
+    the model: no row), and the command that measured it."""
     root = tmp_path / "run"
     write(root, "flex_2048_old", timing_record(2048, "flex", 7000.0, 13.5, "2026-12-01T05:00:00+00:00"))
     write(root, "flex_2048", timing_record(2048, "flex", 6000.0, 13.5, "2026-12-01T05:10:00+00:00"))
@@ -107,29 +107,27 @@ def test_readme_lists_each_whole_model_step_on_its_fastest_backend(tmp_path):
     sliced["overrides"] = ["model.blocks=1"]
     write(root, "slice_4096", sliced)
     readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\n{README_START}\n{README_END}\n\n{WALLTIME_START}\nhand-typed\n{WALLTIME_END}\n")
+    readme.write_text(f"# x\n\n{README_START}\nhand-typed\n{README_END}\n")
     build_report(root, readme=readme)
-    text = readme.read_text()
-    assert "- boltz2 inference, 1d cp=1: max N" not in text  # no probe here: the headline says so
-    block = text.split(WALLTIME_START)[1].split(WALLTIME_END)[0]
-    assert "hand-typed" not in block
-    lines = [line for line in block.splitlines() if line.startswith("- boltz2")]
-    assert lines == ["- boltz2 inference, 1d cp=1, N=512: 640 ms (torch; 2026-12-01)",
-                     "- boltz2 inference, 1d cp=1, N=2,048: 6,000 ms (flex; 2026-12-01; torch 12,000 ms, 2.00×)"], block
-    assert "Walltime of one step measured on NVIDIA H200 (2026-12-01, bf16)" in block
+    block = readme.read_text().split(README_START)[1].split(README_END)[0]
+    assert "hand-typed" not in block and "Measured on NVIDIA H200 (2026-12-01, bf16)" in block
+    rows = [line for line in block.splitlines() if line.startswith("| boltz2")]
+    assert len(rows) == 1 and "model.blocks" not in block, block
+    assert rows[0] == ("| boltz2, inference, trunk only, 1d cp=1 | — | — | "
+                       "6,000 ms at N=2,048 (flex; 2026-12-01; torch 12,000 ms, 2.00×) | — |"), rows  # no overrides recorded
 
 
 def test_a_torch_figure_from_another_day_is_dated_where_it_is_compared(tmp_path):
     """A ratio whose ``torch`` run was not side by side (another day) names that run's date, in the
-    README's walltime line and in the Kernel backends table."""
+    README's table and in the Kernel backends table."""
     root = tmp_path / "run"
     write(root, "flex_1024", timing_record(1024, "flex", 1000.0, 5.0, "2026-12-02T05:10:00+00:00"))
     write(root, "torch_1024", timing_record(1024, "torch", 2500.0, 5.1, "2026-11-30T05:12:00+00:00"))
     readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\n{README_START}\n{README_END}\n\n{WALLTIME_START}\n{WALLTIME_END}\n")
+    readme.write_text(f"# x\n\n{README_START}\n{README_END}\n")
     build_report(root, readme=readme)
-    block = readme.read_text().split(WALLTIME_START)[1].split(WALLTIME_END)[0]
-    assert "- boltz2 inference, 1d cp=1, N=1,024: 1,000 ms (flex; 2026-12-02; torch 2,500 ms on 2026-11-30, 2.50×)" in block
+    block = readme.read_text().split(README_START)[1].split(README_END)[0]
+    assert "1,000 ms at N=1,024 (flex; 2026-12-02; torch 2,500 ms on 2026-11-30, 2.50×)" in block
     table = section((root / "cp_benchmark.md").read_text(), "Kernel backends")
     assert "| 1,024 | torch | 2,500.0 | 5.10 | 1.00× | 2026-11-30 |" in table
     assert "| 1,024 | flex | 1,000.0 | 5.00 | 2.50× | 2026-12-02 |" in table

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from cpbench.report import build_report
 from cpbench.report.__main__ import main as report_main
-from cpbench.report.headline import README_END, README_START, headline_rows
+from cpbench.report.headline import headline_rows
+from cpbench.report.readme import README_END, README_START
 from cpbench.report.rows import result_rows
 
 
@@ -115,9 +116,9 @@ def test_readme_block_is_replaced_between_its_markers(tmp_path, capsys):
     text = readme.read_text()
     assert text.startswith("# x\n\nIntro.\n\n" + README_START) and text.endswith(README_END + "\n\nSee the report.\n")
     block = text.split(README_START)[1].split(README_END)[0]
-    assert "hand-typed" not in block and "Max N measured on NVIDIA H200 (2026-11-30, m, bf16)" in block
-    assert "- inference, 1d cp=2: max N ≥ 8,192 (≥ 0.67× cp=1; timeout at 16,384)" in block, block
-    assert "- inference+sampling, 1d cp=2: max N 16,384 (1.60× cp=1; OOM at 16,512)" in block, block
+    assert "hand-typed" not in block and "Measured on NVIDIA H200 (2026-11-30, m, bf16)" in block
+    assert "| m, inference, trunk only, 1d cp=2 | ≥ 8,192 (timeout at 16,384) | — | — |" in block, block
+    assert "| m, inference with sampling, 1d cp=2 | 16,384 (OOM at 16,512) | — | — |" in block, block
     assert report_main([str(root), "--readme", str(readme)]) == 0 and readme.read_text() == text  # idempotent
 
     plain = tmp_path / "PLAIN.md"

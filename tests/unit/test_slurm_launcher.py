@@ -165,3 +165,17 @@ def test_job_killed_at_time_limit_becomes_timeout_row_with_its_measured_points(t
     assert [p["N"] for p in record["points"]] == [512, 1024]
     assert (record["max_n"], record["first_fail_n"], record["point"]["cp"]) == (512, 1024, 2)
     assert ret.return_value.startswith("inference 1d cp=2 probe timeout max_n=512")
+
+
+def test_an_emulated_point_asks_for_one_task_and_one_gpu(tmp_path):
+    """emulate=true runs rank 0 of cp=K alone: cp=8 emulated is one task on one GPU, beside a real cp=2."""
+    bin_dir, scripts = fake_slurm_bin(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cpbench", "-m", "hydra/launcher=slurm", "cp=2,8", "emulate=true,false", "routine=probe",
+         *fault_model("none"), "hydra.launcher.gpus_per_node=4", "hydra.launcher.wait=false",
+         f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+        cwd=tmp_path, env=fake_slurm_env(bin_dir, scripts), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    asked = sorted((int(f["nodes"]), int(f["ntasks-per-node"]), int(f["gpus-per-node"]))
+                   for f in (sbatch_flags(p.read_text()) for p in scripts.glob("*.sh")))
+    assert asked == [(1, 1, 1), (1, 2, 2), (2, 4, 4)], asked  # both emulated points share one array
