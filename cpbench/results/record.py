@@ -10,11 +10,16 @@ in ``<sweep dir>/probes/<signature>/`` (a single run: ``<run dir>/probes/<signat
                                            # routine=auto's probe: without N and N_atoms
       "point": {"workflow": "inference", "topology": "1d", "cp": 2, "mesh_shape": [2],
                 "N": 1024, "N_atoms": 8192, "S": 256, "dtype": "bf16", "device": "cuda",
+                "dtype_reason": "cuda",       # why this dtype: dtype=auto's evidence (a CPU's bf16
+                                              # units or their absence), or "asked"
                 "input": null,              # real inputs: the input file's name
                 "model": {"name": "boltz2", "c_s": 384, ...},
                 "memory_limit_gib": null,   # memory.limit_gib in effect (auto: a CPU probe 0.125
                                             # GiB inference, 0.3 training; timings and GPUs none)
-                "cuda_alloc_conf": "expandable_segments:True"},  # the workers' PYTORCH_CUDA_ALLOC_CONF
+                "cuda_alloc_conf": "expandable_segments:True",  # the workers' PYTORCH_CUDA_ALLOC_CONF
+                "emulated": false,          # emulate=true: rank 0 of cp=K ran alone on a fake group
+                "emulation": {"K": 4, "grid": [2, 2], "comm_reserve_gib": 4.5,  # only when emulated:
+                              "comm_reserve_source": "..."}},  # the allowance for NCCL's memory
       "routine": "probe" | "timing",       # as resolved: routine=auto is "timing" when the job's
                                            # overrides name N, else "probe"
       "status": "ok" | "oom" | "timeout" | "error" | "insufficient_gpus" | "unstable",
@@ -54,6 +59,12 @@ in ``<sweep dir>/probes/<signature>/`` (a single run: ``<run dir>/probes/<signat
       "times_ms_per_rank": [[..], ..], "warmup_ms": [..],     # raw; times_ms = slowest rank
       "seconds": 14.2,                       # the timing run's wall time (workers started and joined)
       "tokens_per_s": .., "stats": {"stage_ms": {..}, ...},   # the adapter's optional stats
+                                             # (the reference trunk: "comm_per_block", "comm_step":
+                                             # calls and bytes per collective kind, "outputs_finite")
+      "comm_model": {"link": {..}, "comm_ms_per_kind": {..},  # with a link and counted collectives:
+                     "compute_ms": .., "comm_ms": .., "step_ms_range": [.., ..],  # emulated: the
+                     "dominant": "compute" | "communication",  # predicted step (no overlap, full)
+                     "measured_ms": ..},         # a real run: its measured step instead of the range
       "loss": 1.23,                          # training: the global loss of the last step
       "energy_j_per_step_per_rank": [..],    # NVML's energy counter per step, where the GPU has one
       "partial": {"warmup_ms": [..], "times_ms": [..], "stats": {..}},  # not ok: the steps rank 0 finished

@@ -15,8 +15,11 @@ from cpbench.models.pairformer.modules.cuda_graphs import GraphedBlocks, Graphed
 from cpbench.models.pairformer.modules.sampler import sample
 from cpbench.models.pairformer.parallel import chunking
 
+# The diffusion module at small sizes too (the plumbing is under test, not Boltz-2's 24 blocks of 768).
 SIZES = dict(c_s=16, c_z=8, blocks=3, heads_single=2, heads_tri=2, head_dim_tri=4, transition_factor=2,
-             dtype="fp32", c_atom=8, c_atompair=4, atom_blocks=1, atom_heads=2, c_m=8, msa_blocks=1)
+             dtype="fp32", c_atom=8, c_atompair=4, atom_blocks=1, atom_heads=2, c_m=8, msa_blocks=1,
+             diffusion=dict(c_token=16, blocks=2, heads=2, c_atom=8, c_atompair=4, atom_blocks=1, atom_heads=2,
+                            c_fourier=8))
 
 
 class FakeGraph:
@@ -191,6 +194,16 @@ def test_graph_parity_script_compares_replay_with_eager(monkeypatch):
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "scripts"))
     graph_parity = __import__("graph_parity")
+
+    def small_setup(n, blocks, kernels, mesh, device, dtype="bf16", workflow=None):
+        """The script's trunk_setup at this file's small sizes (the comparison is under test, not Boltz-2's widths)."""
+        adapter = PairformerAdapter(**{**SIZES, **(workflow or {"sampling": False, "recycles": 0}),
+                                       "blocks": blocks, "dtype": dtype, "kernels": kernels})
+        torch.manual_seed(0)
+        model = adapter.build_model(mesh, device)
+        return adapter, model, adapter.build_batch(n, 8 * n, 256, mesh, device)
+
+    monkeypatch.setattr(graph_parity, "trunk_setup", small_setup)
     monkeypatch.setattr(graph_parity, "GraphedBlocks", lambda: CpuGraphedBlocks(FakeGraph))
     line = graph_parity.one_case(16, 1, "torch", "fp32", None, torch.device("cpu"))
     assert line["ok"] and line["state"] == "replay" and line["max_abs_new_batch"] == {"s": 0.0, "z": 0.0}

@@ -233,11 +233,11 @@ def test_rows_name_the_compiled_training_path_and_the_kernels_a_training_step_ra
                 "model": {"name": "pairformer", "kernels": "auto", "compile_training": True}}
     eager = {"workflow": "training", "device": "cuda",
              "model": {"name": "pairformer", "kernels": "auto", "compile_training": False}}
-    assert model_label({"point": compiled, "overrides": []}) == "pairformer [model.compile_training=true]"
-    assert model_label({"point": eager, "overrides": []}) == "pairformer"
+    assert model_label({"point": compiled, "overrides": []}) == "boltz2 [model.compile_training=true]"
+    assert model_label({"point": eager, "overrides": []}) == "boltz2"
     inference = {"workflow": "inference", "model": {**compiled["model"]}}
-    assert model_label({"point": inference, "overrides": []}) == "pairformer"
-    assert model_label({"point": {**compiled, "device": "cpu"}, "overrides": []}) == "pairformer"
+    assert model_label({"point": inference, "overrides": []}) == "boltz2"
+    assert model_label({"point": {**compiled, "device": "cpu"}, "overrides": []}) == "boltz2"
     # records before kernels.ran said flex for a training step that ran the torch ops
     assert kernels_of({"point": eager, "stats": {"kernels": "flex"}}, eager["model"]) == "torch"
     assert kernels_of({"point": compiled, "stats": {"kernels": "flex"}}, compiled["model"]) == "flex"
