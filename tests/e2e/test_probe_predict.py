@@ -52,7 +52,7 @@ def test_a_probe_stopped_by_its_limits_continues_under_larger_ones(tmp_path):
 
 def test_the_reference_trunk_gets_the_same_max_n_from_predict_as_from_bisect_in_fewer_points(tmp_path, monkeypatch):
     """#18 on the CPU: the tiny reference trunk (trunk only, c_z=128 so that the pair tensors
-    dominate the resident-set peak) under a 0.2 GiB cap, probed from N=192 with growth 1.5 by
+    dominate the resident-set peak, fp32 on every CPU) under a 0.2 GiB cap, probed from N=128 with growth 1.5 by
     both strategies, granularity 32. Predict fits its three ramp points and brackets the limit; its max N is
     bisect's within the granularity, in fewer points. (With c_z=16 under 0.125 GiB the limit
     moved by 50-80 tokens from run to run, more than a 64-token granularity: the cap counts the
@@ -67,11 +67,12 @@ def test_the_reference_trunk_gets_the_same_max_n_from_predict_as_from_bisect_in_
     64) once saw predict end at 680 (out of memory at 744) and bisect at 756 (a fit above
     predict's failure); with it two runs of each strategy ended at 791-792 (out of memory at
     828-856), and under today's 0.2 GiB three runs of each ended at 486 (bisect, out of memory
-    at 513) and 499-501 (predict, out of memory at 531-533)."""
+    at 513) and 499-501 (predict, out of memory at 531-533), in bf16 from N=192. In fp32 the limit
+is near N=350: the ramp 128, 192, 288 fits, so predict has its three points.)"""
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")  # inherited by the supervisor and its workers
-    base = ["routine=probe", "device=cpu", "model=tiny", "model.c_z=128", "cp=1", "S=8", "atoms_per_token=2",
+    base = ["routine=probe", "device=cpu", "dtype=fp32", "model=tiny", "model.c_z=128", "cp=1", "S=8", "atoms_per_token=2",
             "model.msa_blocks=0", "workflow.sampling=false", "workflow.recycles=0", "memory.limit_gib=0.2",
-            "probe.start=192", "probe.growth=1.5", "probe.granularity=32", "probe.verify=false", "probe.timeout_s=120"]
+            "probe.start=128", "probe.growth=1.5", "probe.granularity=32", "probe.verify=false", "probe.timeout_s=120"]
     records = {}
     for strategy in ("bisect", "predict"):
         proc = run_cpbench([*base, f"probe.strategy={strategy}", f"hydra.run.dir={strategy}"], cwd=tmp_path,
