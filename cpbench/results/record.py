@@ -1,7 +1,7 @@
 """The result record: schema, atomic JSON writing, the point signature for resume.
 
 One ``result.json`` per job (one sweep point), in the job's Hydra output directory; with
-``routine=auto`` and ``N`` on the command line also one per configuration, its max-N probe's,
+``routine=auto`` and an ``N`` in the resolved config also one per configuration, its max-N probe's,
 in ``<sweep dir>/probes/<signature>/`` (a single run: ``<run dir>/probes/<signature>/``)::
 
     {
@@ -21,7 +21,7 @@ in ``<sweep dir>/probes/<signature>/`` (a single run: ``<run dir>/probes/<signat
                 "emulation": {"K": 4, "grid": [2, 2], "comm_reserve_gib": 4.5,  # only when emulated:
                               "comm_reserve_source": "..."}},  # the allowance for NCCL's memory
       "routine": "probe" | "timing",       # as resolved: routine=auto is "timing" when the job's
-                                           # overrides name N, else "probe"
+                                           # resolved config has an N, else "probe"
       "status": "ok" | "oom" | "timeout" | "error" | "insufficient_gpus" | "unstable",
       "message": "",
       "code": "0.1.0+src.1a2b3c4d5e6f",      # package version + hash of cpbench's sources (signature)
@@ -104,7 +104,8 @@ a max N (twice the ``memory.limit_gib`` when a cap is set, ``probe.start`` at ha
 N tried rounded down to the padding unit when that is at least one unit, twice the ``cp``),
 also written into ``message``; null unless the smallest N tried ran out of memory.
 
-``routine=auto``: a job whose overrides name ``N`` times its point, and its configuration (the
+``routine=auto``: a job whose resolved config has an ``N`` (the command line, a sweep or an
+experiment file) times its point, and its configuration (the
 point without ``N`` and ``N_atoms``) gets one max-N probe: the first job to create
 ``<sweep dir>/probes/<signature>.lock`` runs it and writes
 ``<sweep dir>/probes/<signature>/result.json`` (an ordinary probe record plus ``auto``: its

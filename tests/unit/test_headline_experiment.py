@@ -1,4 +1,4 @@
-"""``-m experiment=headline`` runs every configuration the README's table reports (conf/headline/),
+"""``-m experiment=headline`` runs every configuration the README's table reports (cpbench/conf/headline/),
 each one alone as ``headline=<name>``."""
 
 from __future__ import annotations

@@ -14,6 +14,6 @@ Imports flow one way: ``parallel`` -> ``ops`` -> ``layers`` -> ``modules`` -> ``
   sharded implementation.
 * ``modules/``: assembled modules: the Pairformer block, the MSA module, the atom encoder, the
   trunk, the diffusion module and its EDM sampler.
-* ``adapter.py``: the benchmark adapter (``conf/model/pairformer.yaml``); ``stage_timer.py``
+* ``adapter.py``: the benchmark adapter (``cpbench/conf/model/pairformer.yaml``); ``stage_timer.py``
   times the step's stages; ``flops.py`` counts the block's FLOPs for the report's MFU.
 """

@@ -89,7 +89,7 @@ def _heaviest(blocks: list[dict]) -> dict:
 
 
 class PairformerAdapter:
-    """Hydra target of ``model=pairformer|boltz2|af3|tiny`` (``conf/model/``)."""
+    """Hydra target of ``model=pairformer|boltz2|af3|tiny`` (``cpbench/conf/model/``)."""
 
     def __init__(self, c_s: int = 384, c_z: int = 128, blocks: int = 64, heads_single: int = 16,
                  heads_tri: int = 4, head_dim_tri: int = 32, transition_factor: int = 4,

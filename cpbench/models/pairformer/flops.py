@@ -1,7 +1,7 @@
 """Analytic FLOPs of the reference Pairformer trunk (the report turns them into TFLOP/s and MFU).
 
 Counts follow the AF3 / Boltz-2 Pairformer block (AF3 Algorithms 11-15, 24) at the sizes of
-``conf/model/pairformer.yaml``. Conventions, stated once here and in the report:
+``cpbench/conf/model/pairformer.yaml``. Conventions, stated once here and in the report:
 
 * Only matrix products are counted (linear layers, the triangular products, attention scores
   and attention-weighted values), at 2 FLOPs per multiply-add, the convention of MFU figures
@@ -45,7 +45,7 @@ BLOCK_OPS = ("triangle_mult_out", "triangle_mult_in", "triangle_att_start", "tri
 
 @dataclass(frozen=True)
 class PairformerSizes:
-    """Channel sizes of one Pairformer block (names as in ``conf/model/pairformer.yaml``)."""
+    """Channel sizes of one Pairformer block (names as in ``cpbench/conf/model/pairformer.yaml``)."""
 
     c_s: int = 384
     c_z: int = 128

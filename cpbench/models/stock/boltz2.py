@@ -68,7 +68,7 @@ def torch_truncnorm(initialize: types.ModuleType) -> Iterator[None]:
 
 
 class Boltz2Adapter(StockAdapter):
-    """Hydra target of ``model=stock/boltz2`` (``conf/model/stock/boltz2.yaml``)."""
+    """Hydra target of ``model=stock/boltz2`` (``cpbench/conf/model/stock/boltz2.yaml``)."""
 
     package = "boltz2"
     blocks_attr = "layers"

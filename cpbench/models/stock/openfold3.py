@@ -41,7 +41,7 @@ ATTENTION_MODULE = "openfold3.core.model.primitives.attention"
 
 
 class OpenFold3Adapter(StockAdapter):
-    """Hydra target of ``model=stock/openfold3`` (``conf/model/stock/openfold3.yaml``)."""
+    """Hydra target of ``model=stock/openfold3`` (``cpbench/conf/model/stock/openfold3.yaml``)."""
 
     package = "openfold3"
     blocks_attr = "blocks"

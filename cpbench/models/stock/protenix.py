@@ -48,7 +48,7 @@ def inference_chunk_size(n_tokens: int) -> int | None:
 
 
 class ProtenixAdapter(StockAdapter):
-    """Hydra target of ``model=stock/protenix`` (``conf/model/stock/protenix.yaml``)."""
+    """Hydra target of ``model=stock/protenix`` (``cpbench/conf/model/stock/protenix.yaml``)."""
 
     package = "protenix"
     blocks_attr = "blocks"

@@ -46,7 +46,7 @@ from cpbench.models.pairformer.parallel.layout import TWO_D, Layout
 from cpbench.models.pairformer.parallel.padding import key_bias
 
 SIGMA_DATA = 16.0  # AF3 / Boltz: the data standard deviation of atom coordinates (Angstrom)
-# Boltz-2 sizes; the presets in conf/model/*.yaml override them under ``diffusion:``.
+# Boltz-2 sizes; the presets in cpbench/conf/model/*.yaml override them under ``diffusion:``.
 BOLTZ2_SIZES = dict(c_token=768, blocks=24, heads=16, c_atom=128, c_atompair=16, atom_blocks=3, atom_heads=4,
                     c_fourier=256)
 
