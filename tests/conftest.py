@@ -27,7 +27,7 @@ from helpers.run import TIMING_MULTIRUN_ARGS, run_cpbench  # noqa: E402 - needs 
 
 @pytest.fixture(scope="session")
 def timing_multirun(tmp_path_factory) -> Path:
-    """Sweep dir of ``python -m cpbench -m workflow=inference,training cp=1,2 N=32,48
+    """Sweep dir of ``python -m cpbench -m workflow=inference,training cp=1,2 N=16,32 S=16
     model=tiny device=cpu routine=timing`` (8 jobs); the report tests reuse it."""
     launch_dir = tmp_path_factory.mktemp("timing_multirun")
     sweep_dir = launch_dir / "sweep"

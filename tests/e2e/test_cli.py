@@ -21,7 +21,7 @@ def test_timing_multirun_of_the_reference_trunk_leaves_8_ok_results(timing_multi
     assert len(records) == 8
     assert all(r["status"] == "ok" for r in records), [(r["point"], r["message"]) for r in records]
     points = {(r["point"]["workflow"], r["point"]["cp"], r["point"]["N"]) for r in records}
-    assert points == {(w, cp, n) for w in ("inference", "training") for cp in (1, 2) for n in (32, 48)}
+    assert points == {(w, cp, n) for w in ("inference", "training") for cp in (1, 2) for n in (16, 32)}
     assert all(r["median_ms"] > 0 and len(r["times_ms"]) == 5 for r in records)
     training = [r for r in records if r["point"]["workflow"] == "training"]
     assert all(isinstance(r["loss"], float) for r in training)

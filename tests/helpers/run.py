@@ -17,7 +17,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # The acceptance multirun: 8 timing points of the tiny reference trunk on CPU.
 # Inference samples 4 diffusion steps (not 200): CI time; the sampler's per-step cost is all it adds.
-TIMING_MULTIRUN_ARGS = ["-m", "workflow=inference,training", "cp=1,2", "N=32,48", "model=tiny", "device=cpu",
+TIMING_MULTIRUN_ARGS = ["-m", "workflow=inference,training", "cp=1,2", "N=16,32", "S=16", "model=tiny", "device=cpu",
                         "routine=timing", "workflow.sampling_steps=4"]
 
 
