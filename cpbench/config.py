@@ -60,7 +60,7 @@ UNSIGNED_KEYS = ("resume", "report", "hydra")
 # one block per probe step (the depth check verifies it against the full step). The exact
 # figure: probe.granularity=128 (the result's bracket says how wide it is). Training starts at
 # 512 (its block-input checkpoints are ~68 pair tensors: N=1,024 needs ~17 GiB).
-AUTO_PROBE_START = {"cuda": {"inference": 1024, "training": 512}, "cpu": {"inference": 32, "training": 32}}
+AUTO_PROBE_START = {"cuda": {"inference": 1024, "training": 512}, "cpu": {"inference": 128, "training": 32}}
 # CPU: the tiny trunk is memory-lean (~0.06 GiB above baseline at N=512 in fp32, cp=2), so a
 # cap this small is what lets the default CPU probe meet a real allocation failure within a
 # minute or two on 2 cores; 64 keeps the bisection short.

@@ -41,7 +41,8 @@ _OOM_MARKERS = ("out of memory", "can't allocate memory", "defaultcpuallocator",
 # point at the cap's edge, in a CI rehearsal of the headline test).
 _CPU_CAP_FAILURES = ("could not create a primitive", "std::bad_alloc")
 _cpu_capped = False  # set by apply_limit in this (worker) process
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameters (malloc.h)
+_M_ARENA_MAX = -8
 MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's default before its dynamic raise
 
 
@@ -88,16 +89,23 @@ def apply_limit(limit_gib: float | None, device: torch.device, reserve_gib: floa
 def fix_malloc_threshold() -> str:
     """Fix glibc's mmap threshold (no dynamic raise): every block above 128 KiB is its own
     mapping, returned to the system when freed, so what the cap counts at a given step does
-    not depend on what an earlier step freed. Returns what was done (recorded per point)."""
+    not depend on what an earlier step freed. And one malloc arena for every thread: an arena
+    a helper thread (gloo's, autograd's) opens after the cap grows the data segment by what that
+    thread happened to allocate, which moved the tiny trunk's limit by one granularity step from
+    run to run (N=576 under 0.0625 GiB fit in one quick start, and fit once then failed in the
+    next; with one arena it failed in three runs of three). Returns what was done (recorded per
+    point)."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name)
         ok = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
+        one_arena = libc.mallopt(_M_ARENA_MAX, 1) == 1
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to fix there
-        ok = False
+        ok = one_arena = False
     if not ok:
         return "malloc threshold left as is (no glibc mallopt)"
-    return f"glibc mmap threshold fixed at {MMAP_THRESHOLD_BYTES // 1024} KiB"
+    arenas = "; one malloc arena" if one_arena else ""
+    return f"glibc mmap threshold fixed at {MMAP_THRESHOLD_BYTES // 1024} KiB{arenas}"
 
 
 class PeakMemory:

@@ -12,7 +12,7 @@ from helpers.run import compose_cfg, fault_model, run_cpbench
 def test_cpu_auto_values_follow_the_config_comments():
     point = resolve_point(compose_cfg("device=cpu", "model=tiny"))
     assert point.cp == 2 and point.device == "cpu"
-    assert point.probe.start == 32 and point.probe.granularity == 64
+    assert point.probe.start == 128 and point.probe.granularity == 64
     assert point.memory_limit_gib == 0.0625
     assert point.probe.depth == 2  # inference: 2 blocks (run_blocks also shortens the adapter's sampler)
     assert point.N is None and point.N_atoms is None  # N null: the probe alone
