@@ -90,11 +90,10 @@ def fix_malloc_threshold() -> str:
     """Fix glibc's mmap threshold (no dynamic raise): every block above 128 KiB is its own
     mapping, returned to the system when freed, so what the cap counts at a given step does
     not depend on what an earlier step freed. And one malloc arena for every thread: an arena
-    a helper thread (gloo's, autograd's) opens after the cap grows the data segment by what that
-    thread happened to allocate, which moved the tiny trunk's limit by one granularity step from
-    run to run (N=576 under 0.0625 GiB fit in one quick start, and fit once then failed in the
-    next; with one arena it failed in three runs of three). Returns what was done (recorded per
-    point)."""
+    a helper thread (gloo's) opens after the cap grows the data segment by what that thread
+    happened to allocate. Neither removes every source of variation: under 0.0625 GiB the tiny
+    trunk's limit (cp=2, fp32, 2 cores) still lay at N=512 in two quick starts and between 576
+    and 640 in a third. Returns what was done (recorded per point)."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name)
