@@ -46,7 +46,7 @@ def test_auto_is_a_timing_when_the_resolved_config_has_n_else_the_probe():
     assert (timing.routine, timing.N, timing.N_atoms) == ("timing", 64, 8 * 64)
     probe = compose_point("device=cpu", "model=tiny")
     assert (probe.routine, probe.N, probe.N_atoms) == ("probe", None, None)
-    assert probe.record()["N"] is None and probe.probe.start == 32
+    assert probe.record()["N"] is None and probe.probe.start == 128
 
 
 def test_auto_follows_n_set_anywhere_not_only_on_the_command_line():
