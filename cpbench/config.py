@@ -72,6 +72,11 @@ AUTO_GRANULARITY = {"cuda": 512, "cpu": 64}
 # workspaces and the optimizer state), so a smaller cap made every training probe fail at its
 # first point.
 AUTO_LIMIT_GIB = {"cuda": None, "cpu": {"inference": 0.0625, "training": 0.3}}
+# In bf16 (a CPU with bf16 units: AVX512-BF16, AMX) oneDNN's kernels hold more: under 0.0625 GiB
+# the tiny trunk's first point (N=32, cp=2, peak 0.07 GiB) ended in a segmentation fault inside
+# oneDNN, not an allocation error; under 0.125 GiB it fits and the quick start ends at max N 384
+# (first failing 448) on such a CPU.
+AUTO_LIMIT_GIB_CPU_BF16_INFERENCE = 0.125
 AUTO_CP_ON_CPU = 2
 # Blocks per inference probe step: on a GPU one (a near-limit block at N~16,700 takes ~40 s
 # and more with sampling: the MSA module and the sampler run min(depth, ...) blocks and steps
@@ -444,7 +449,7 @@ def resolve_point(cfg: DictConfig) -> Point:
     if limit == "auto":
         # The CPU cap exists so that a probe meets a real allocation failure; a timing point
         # has nothing to find, and oneDNN's workspaces (training) do not fit the probe's cap.
-        limit = auto_limit_gib(device, workflow["name"]) if routine == "probe" else None
+        limit = auto_limit_gib(device, workflow["name"], dtype) if routine == "probe" else None
     elif limit is not None:
         limit = _positive_float("memory.limit_gib", limit, "auto, null or GiB > 0")
 
@@ -554,8 +559,11 @@ def auto_cuda_graphs(routine: str, kernels: str, device: str) -> bool:
     return device == "cuda" and routine == "timing" and kernels != "torch"
 
 
-def auto_limit_gib(device: str, workflow: str) -> float | None:
-    """``memory.limit_gib=auto`` of a probe: none on a GPU, the workflow's cap on a CPU."""
+def auto_limit_gib(device: str, workflow: str, dtype: str = "fp32") -> float | None:
+    """``memory.limit_gib=auto`` of a probe: none on a GPU, the workflow's cap on a CPU (CPU
+    inference in bf16: ``AUTO_LIMIT_GIB_CPU_BF16_INFERENCE``)."""
+    if device == "cpu" and workflow == "inference" and dtype == "bf16":
+        return AUTO_LIMIT_GIB_CPU_BF16_INFERENCE
     auto = AUTO_LIMIT_GIB[device]
     return auto.get(workflow) if isinstance(auto, dict) else auto
 

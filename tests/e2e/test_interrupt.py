@@ -20,7 +20,7 @@ from pathlib import Path
 from helpers.run import run_command
 
 PROBE = ["device=cpu", "model=tiny", "cp=2", "routine=probe", "probe.start=32", "probe.depth=null",
-         "probe.max_points=2", "probe.verify=false"]
+         "probe.max_points=3"]
 WAIT_S = 60
 
 
@@ -86,7 +86,7 @@ def test_ctrl_c_keeps_the_probe_state_and_prints_the_command_that_continues(tmp_
     assert not (run_dir / "result.json").exists()
     _no_worker_left(worker_tmp)
 
-    # The printed command continues the probe from its state (max_points=2: one point more).
+    # The printed command continues the probe from its state (max_points=3: it ends soon).
     command = shlex.split(lines[0].split("continue with: ", 1)[1])
     assert command[:3] == ["python", "-m", "cpbench"]
     resumed = run_command([sys.executable, *command[1:]], tmp_path, timeout_s=120)

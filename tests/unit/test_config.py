@@ -13,7 +13,10 @@ def test_cpu_auto_values_follow_the_config_comments():
     point = resolve_point(compose_cfg("device=cpu", "model=tiny"))
     assert point.cp == 2 and point.device == "cpu"
     assert point.probe.start == 128 and point.probe.granularity == 64
-    assert point.memory_limit_gib == 0.0625
+    assert point.memory_limit_gib == (0.125 if point.dtype == "bf16" else 0.0625)  # dtype=auto: this CPU's
+    fp32 = resolve_point(compose_cfg("device=cpu", "model=tiny", "dtype=fp32"))
+    bf16 = resolve_point(compose_cfg("device=cpu", "model=tiny", "dtype=bf16"))
+    assert (fp32.memory_limit_gib, bf16.memory_limit_gib) == (0.0625, 0.125)  # oneDNN's bf16 kernels hold more
     assert point.probe.depth == 2  # inference: 2 blocks (run_blocks also shortens the adapter's sampler)
     assert point.N is None and point.N_atoms is None  # N null: the probe alone
     assert resolve_point(compose_cfg("device=cpu", "model=tiny", "N=64")).N_atoms == 8 * 64
