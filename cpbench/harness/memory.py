@@ -80,10 +80,6 @@ def apply_limit(limit_gib: float | None, device: torch.device, reserve_gib: floa
         return None
     global _cpu_capped
     fixed = fix_malloc_threshold()
-    # Start the intra-op thread pool before the cap: a thread's stack is counted by RLIMIT_DATA,
-    # and an OpenMP pool first started near the cap aborted the worker ("libgomp: Thread creation
-    # failed") instead of raising an allocation error.
-    torch.ones(1 << 20).sum()
     cap = _proc_status_bytes("VmData") + int(max(0.0, limit_gib - reserve_gib) * GIB)
     resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
     _cpu_capped = True
