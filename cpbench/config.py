@@ -59,7 +59,8 @@ UNSIGNED_KEYS = ("resume", "report", "hydra")
 # minutes, so a finer default would cost a point each halving), its two ends re-run (verify),
 # one block per probe step (the depth check verifies it against the full step). The exact
 # figure: probe.granularity=128 (the result's bracket says how wide it is). Training starts at
-# 512 (its block-input checkpoints are ~68 pair tensors: N=1,024 needs ~17 GiB).
+# 512 (its block-input checkpoints are ~68 pair tensors: N=1,024 needs ~17 GiB). On a CPU,
+# inference starts at 128: the points below it are mostly process starts.
 AUTO_PROBE_START = {"cuda": {"inference": 1024, "training": 512}, "cpu": {"inference": 128, "training": 32}}
 # CPU: the tiny trunk is memory-lean (~0.06 GiB above baseline at N=512 in fp32, cp=2), so a
 # cap this small is what lets the default CPU probe meet a real allocation failure within a
@@ -70,13 +71,11 @@ AUTO_GRANULARITY = {"cuda": 512, "cpu": 64}
 # runs out of memory at 576 in about two minutes; under 0.125 GiB its search took ~200 s there
 # (max N 1,088). Training: 0.19 GiB at N=32, 0.24 at N=64, 0.36 at N=128 (oneDNN's
 # workspaces and the optimizer state), so a smaller cap made every training probe fail at its
-# first point.
-AUTO_LIMIT_GIB = {"cuda": None, "cpu": {"inference": 0.0625, "training": 0.3}}
-# In bf16 (a CPU with bf16 units: AVX512-BF16, AMX) oneDNN's kernels hold more: under 0.0625 GiB
-# the tiny trunk's first point (N=32, cp=2, peak 0.07 GiB) ended in a segmentation fault inside
-# oneDNN, not an allocation error; under 0.125 GiB it fits and the quick start ends at max N 384
-# (first failing 448) on such a CPU.
-AUTO_LIMIT_GIB_CPU_BF16_INFERENCE = 0.125
+# first point. Inference in bf16 (a CPU with bf16 units: AVX512-BF16, AMX) keeps 0.125 GiB:
+# oneDNN's bf16 kernels hold more, and under 0.0625 GiB the tiny trunk's first point (N=32,
+# cp=2, peak 0.07 GiB) ended in a segmentation fault inside oneDNN, not an allocation error;
+# under 0.125 GiB the quick start ends at max N 384 (first failing 448) on such a CPU.
+AUTO_LIMIT_GIB = {"cuda": None, "cpu": {"inference": {"fp32": 0.0625, "bf16": 0.125}, "training": 0.3}}
 AUTO_CP_ON_CPU = 2
 # Blocks per inference probe step: on a GPU one (a near-limit block at N~16,700 takes ~40 s
 # and more with sampling: the MSA module and the sampler run min(depth, ...) blocks and steps
@@ -559,13 +558,13 @@ def auto_cuda_graphs(routine: str, kernels: str, device: str) -> bool:
     return device == "cuda" and routine == "timing" and kernels != "torch"
 
 
-def auto_limit_gib(device: str, workflow: str, dtype: str = "fp32") -> float | None:
-    """``memory.limit_gib=auto`` of a probe: none on a GPU, the workflow's cap on a CPU (CPU
-    inference in bf16: ``AUTO_LIMIT_GIB_CPU_BF16_INFERENCE``)."""
-    if device == "cpu" and workflow == "inference" and dtype == "bf16":
-        return AUTO_LIMIT_GIB_CPU_BF16_INFERENCE
+def auto_limit_gib(device: str, workflow: str, dtype: str) -> float | None:
+    """``memory.limit_gib=auto`` of a probe (``AUTO_LIMIT_GIB``): none on a GPU, on a CPU the
+    workflow's cap (inference: per dtype)."""
     auto = AUTO_LIMIT_GIB[device]
-    return auto.get(workflow) if isinstance(auto, dict) else auto
+    if isinstance(auto, dict):
+        auto = auto.get(workflow)
+    return auto.get(dtype) if isinstance(auto, dict) else auto
 
 
 def _probe_settings(probe: dict, device: str, unit: int, train: bool, model: dict) -> ProbeSettings:

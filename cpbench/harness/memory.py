@@ -11,7 +11,7 @@ Runs inside a worker process only (the supervisor never touches the GPU).
   libraries and glibc's per-thread arena reservations (PROT_NONE, never backed), so it
   overstates what a tensor may use; the data segment counts exactly the private writable
   memory tensors live in (both were tried: both give the catchable error). Under the cap the
-  worker also fixes glibc's mmap threshold at 128 KiB (``fix_malloc_threshold``): by default
+  worker also fixes glibc's mmap threshold at 128 KiB and its arenas at one (``fix_malloc``): by default
   glibc raises it to the size of each large block freed, so later tensors of that size come
   from the heap, whose fragments stay in the data segment the cap counts, in an order that
   depends on thread timing; the failure point then moved between runs (max N 680 in one run,
@@ -79,14 +79,14 @@ def apply_limit(limit_gib: float | None, device: torch.device, reserve_gib: floa
     if limit_gib is None:  # a CPU without a cap: nothing to hold back from
         return None
     global _cpu_capped
-    fixed = fix_malloc_threshold()
+    fixed = fix_malloc()
     cap = _proc_status_bytes("VmData") + int(max(0.0, limit_gib - reserve_gib) * GIB)
     resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
     _cpu_capped = True
     return f"RLIMIT_DATA = baseline + {limit_gib - reserve_gib:g} GiB; {fixed}"
 
 
-def fix_malloc_threshold() -> str:
+def fix_malloc() -> str:
     """Fix glibc's mmap threshold (no dynamic raise): every block above 128 KiB is its own
     mapping, returned to the system when freed, so what the cap counts at a given step does
     not depend on what an earlier step freed. And one malloc arena for every thread: an arena

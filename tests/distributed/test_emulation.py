@@ -3,13 +3,14 @@ rank 0 of the real gloo run, same point, one step each, through the harness's ow
 
 What the emulation claims, checked: the same per-rank peak (from 10 % below to 5 % above: the
 real rank's resident set also holds gloo's transport buffers, which the fake group never
-allocates, 0.529 against 0.572 GiB on the 2x2 grid in training at N=256, as NCCL's on a GPU, for which
-``emulate.comm_reserve_gib`` stands in), the same collectives
-(calls and bytes per kind, the step's and the heaviest block's), finite outputs and loss, for 1d
-cp=2 and a 2x2 grid, inference and training. The pair tensor is made to dominate the peak
-(``model.c_z=64``, one block, a short MSA, two atoms per token; N=128: a training step of
-the 2x2 grid takes ~45 s on four gloo ranks of two cores) and the workers run with glibc's mmap threshold fixed (as under a
-CPU cap, ``harness.memory``): the resident-set peak then measures tensors, not heap fragments.
+allocates, 0.529 against 0.572 GiB on the 2x2 grid in training at N=256, as NCCL's on a GPU,
+for which ``emulate.comm_reserve_gib`` stands in), the same collectives (calls and bytes per
+kind, the step's and the heaviest block's), finite outputs and loss, for 1d cp=2 and a 2x2
+grid, inference and training. The pair tensor is made to dominate the peak (``model.c_z=64``,
+one block, a short MSA, two atoms per token; N=128: a training step of the 2x2 grid takes ~45 s
+on four gloo ranks of two cores) and the workers run with glibc's mmap threshold fixed (as
+under a CPU cap, ``harness.memory``): the resident-set peak then measures tensors, not heap
+fragments.
 """
 
 from __future__ import annotations

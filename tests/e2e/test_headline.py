@@ -5,8 +5,8 @@ On this CPU (no GPU) the default trunk runs at its tiny preset, cp is the number
 processes, and the probe runs under the automatic training cap (config.AUTO_LIMIT_GIB). The
 command is scaled to what it checks, the routing of one sweep: two cp values (1 and 2: the
 mechanism is the same for 2, 4, 8, and 14 gloo processes per point cost minutes of process
-starts on two cores), two N values (16 and 32, at most every probe's max N). The command as
-typed (cp=2,4,8 N=1024,2048) is measured in the README.
+starts on two cores), two N values (16 and 32, at most every probe's max N). What the command
+as typed (cp=2,4,8 N=1024,2048) costs on two cores: docs/perf_notes.md.
 """
 
 from __future__ import annotations

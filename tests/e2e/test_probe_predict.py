@@ -67,8 +67,8 @@ def test_the_reference_trunk_gets_the_same_max_n_from_predict_as_from_bisect_in_
     64) once saw predict end at 680 (out of memory at 744) and bisect at 756 (a fit above
     predict's failure); with it two runs of each strategy ended at 791-792 (out of memory at
     828-856), and under today's 0.2 GiB three runs of each ended at 486 (bisect, out of memory
-    at 513) and 499-501 (predict, out of memory at 531-533), in bf16 from N=192. In fp32 the limit
-is near N=350: the ramp 128, 192, 288 fits, so predict has its three points.)"""
+    at 513) and 499-501 (predict, out of memory at 531-533), in bf16 from N=192. In fp32, from
+    N=128, the ramp 128, 192, 288 fits, so predict has its three points.)"""
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")  # inherited by the supervisor and its workers
     base = ["routine=probe", "device=cpu", "dtype=fp32", "model=tiny", "model.c_z=128", "cp=1", "S=8", "atoms_per_token=2",
             "model.msa_blocks=0", "workflow.sampling=false", "workflow.recycles=0", "memory.limit_gib=0.2",

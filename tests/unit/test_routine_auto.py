@@ -85,7 +85,7 @@ def test_routine_timing_without_n_fails_before_any_job(tmp_path):
 def test_cpu_auto_cap_is_per_workflow_and_only_for_the_probe():
     inference = compose_point("device=cpu", "model=tiny", "dtype=fp32")  # bf16: its own cap (test_config)
     training = compose_point("device=cpu", "model=tiny", "workflow=training")
-    assert inference.memory_limit_gib == AUTO_LIMIT_GIB["cpu"]["inference"]
+    assert inference.memory_limit_gib == AUTO_LIMIT_GIB["cpu"]["inference"]["fp32"]
     assert training.memory_limit_gib == AUTO_LIMIT_GIB["cpu"]["training"] > inference.memory_limit_gib
     timing = compose_point("device=cpu", "model=tiny", "workflow=training", "N=64")
     assert timing.memory_limit_gib is None  # an auto timing runs uncapped
