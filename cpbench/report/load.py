@@ -2,7 +2,8 @@
 
 Every ``result.json`` under the directory, plus a record for each probe stopped before its
 result.json (``results.iter_incomplete_probes``), less the probes a later run continued
-(``results.without_continued_probes``). A file that cannot be read (not JSON, not an object) or
+(``results.without_continued_probes``). A file that cannot be read (not JSON, not an object), a
+record of another schema version than ``results.SCHEMA_VERSION`` (``results.schema_error``) or one
 whose record the report cannot make rows of (a field of the wrong type) is skipped with one
 warning line naming it (``logging``: stderr from the command line, the job's log under Hydra),
 never a traceback; the report of the others is still built.
@@ -26,6 +27,7 @@ from cpbench.results import (
     iter_incomplete_probes,
     iter_results,
     read_json,
+    schema_error,
     without_continued_probes,
 )
 
@@ -83,8 +85,8 @@ def _read_error(path: Path) -> str | None:
     try:
         if path.name == PROBE_STATE_FILE:
             incomplete_probe(path)
-        else:
-            read_json(path)
+        elif problem := schema_error(read_json(path)):
+            return problem
     except Exception as exc:  # noqa: BLE001 - any reader failure is one line naming the file
         return _one_line(exc)
     return None

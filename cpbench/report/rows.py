@@ -231,35 +231,22 @@ def _probe_fields(rec: dict, point: dict, config: dict) -> dict[str, Any]:
 
 
 def timed_out_at(rec: dict) -> int | None:
-    """The smallest N a probe saw time out: ``timed_out_n``, or (records before it existed) a
-    first failing N whose cause was a timeout."""
+    """The smallest N a probe saw time out (``timed_out_n``), None when none did."""
     timed_out = rec.get("timed_out_n") or []
-    if timed_out:
-        return min(int(n) for n in timed_out)
-    return rec.get("first_fail_n") if rec.get("first_fail_status") == "timeout" else None
+    return min(int(n) for n in timed_out) if timed_out else None
 
 
 def lower_bound_reason(rec: dict) -> str | None:
     """Why a probe's max N is only a lower bound of the max N, None when an out-of-memory bounds
-    it from above: ``stopped early`` (incomplete, or a probe cap before the bisection ended),
-    ``timeout``, ``no failure``, ``unstable`` or ``first failure <status>``. Reads the record's
-    ``lower_bound`` where the probe wrote it, else derives it from older records' fields."""
-    status, cause = rec.get("status"), rec.get("first_fail_status")
+    it from above: ``stopped early`` (incomplete, or ``capped``: a probe cap before the bisection
+    ended), ``timeout``, ``no failure``, ``unstable`` or ``first failure <status>``: the record's
+    ``lower_bound``, which every probe record has (an incomplete one: from its status)."""
+    status = rec.get("status")
     if status == INCOMPLETE:
         return "stopped early"
     if status == "unstable":
         return "unstable"
-    if "lower_bound" in rec:
-        return "stopped early" if rec["lower_bound"] == "capped" else rec["lower_bound"]
-    if timed_out_at(rec) is not None:
-        return "timeout"
-    if rec.get("first_fail_n") is None:
-        return "no failure"
-    if cause != "oom":
-        return f"first failure {cause}"
-    if "before the bisection reached probe.granularity" in (rec.get("message") or ""):
-        return "stopped early"
-    return None
+    return "stopped early" if rec.get("lower_bound") == "capped" else rec.get("lower_bound")
 
 
 def _timing_fields(rec: dict, point: dict) -> dict[str, Any]:

@@ -21,10 +21,12 @@ from cpbench.results.record import (
                                          max_over_ranks,
                                          point_signature,
                                          read_json,
+                                         schema_error,
                                          write_json_atomic,
 )
 from cpbench.results.text import one_line, start_line, summary
 
 __all__ = ["INCOMPLETE", "PROBE_STATE_FILE", "RESULT_FILE", "SCHEMA_VERSION", "STATUSES", "code_version",
            "find_previous", "incomplete_probe", "iter_incomplete_probes", "iter_results", "max_over_ranks",
-           "one_line", "point_signature", "read_json", "start_line", "summary", "without_continued_probes", "write_json_atomic"]
+           "one_line", "point_signature", "read_json", "schema_error", "start_line", "summary",
+           "without_continued_probes", "write_json_atomic"]

@@ -110,6 +110,9 @@ def incomplete_probe(state_path: Path) -> dict | None:
     return {
         "routine": "probe", "status": status, "point": point, "config": config, "overrides": overrides,
         "message": message, "verify": verify,
+        # why max_n only bounds the max N from below (report.rows.lower_bound_reason): a stopped
+        # search is capped; a finished bisection's out-of-memory bounds it from above
+        "lower_bound": {"ok": None, "unstable": "unstable"}.get(status, "capped"),
         "max_n": at_max["N"] if at_max else None, "first_fail_n": first_fail,
         "first_fail_status": fail["status"] if fail else None, "timed_out_n": timed_out,
         "depth": state.get("depth"), "depth_verified": state.get("depth_verified"), "points": points,

@@ -5,7 +5,7 @@ One ``result.json`` per job (one sweep point), in the job's Hydra output directo
 in ``<sweep dir>/probes/<signature>/`` (a single run: ``<run dir>/probes/<signature>/``)::
 
     {
-      "schema": 1,
+      "schema": 2,                         # a reader skips a record of another version (one line)
       "signature": "3f2a...",              # hash of the point's config + code version (resume);
                                            # routine=auto's probe: without N and N_atoms
       "point": {"workflow": "inference", "topology": "1d", "cp": 2, "mesh_shape": [2],
@@ -85,7 +85,10 @@ in ``<sweep dir>/probes/<signature>/`` (a single run: ``<run dir>/probes/<signat
       "config": {...}                        # the resolved Hydra config
     }
 
-Probe-only and timing-only keys are present only for their routine. ``depth`` is the number
+Probe-only and timing-only keys are present only for their routine. Readers take schema 2
+only (``schema_error``); the committed records were migrated once from schema 1, which could
+lack keys added later (``docs/results.md``, "Records migrated from version 1": there a
+``first_fail_n`` may be a timeout and ``env.tuning_env`` null). ``depth`` is the number
 of trunk blocks a probe step ran (the model's ``blocks`` at full depth); ``depth_verified``
 is true/false when a shortened depth was checked against the full step at the first point,
 null when no shortening was tried. In a probe record, ``point.N`` is the config's ``N``
@@ -137,7 +140,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: every key below that the writer always writes is present (1 could lack some)
 RESULT_FILE = "result.json"
 STATUSES = ("ok", "oom", "timeout", "error", "insufficient_gpus", "unstable")
 
@@ -166,12 +169,24 @@ def read_json(path: str | os.PathLike) -> dict:
 
 
 def iter_results(root: str | os.PathLike) -> Iterator[tuple[Path, dict]]:
-    """Every readable ``result.json`` under ``root`` (sorted by path); unreadable ones skipped."""
+    """Every readable ``result.json`` under ``root`` at ``SCHEMA_VERSION`` (sorted by path);
+    unreadable ones and records of another version skipped (``schema_error`` says why)."""
     for path in sorted(Path(root).rglob(RESULT_FILE)):
         try:
-            yield path, read_json(path)
+            record = read_json(path)
         except (OSError, json.JSONDecodeError):
             continue
+        if schema_error(record) is None:
+            yield path, record
+
+
+def schema_error(record) -> str | None:
+    """Why ``record`` is not read, in one line: a JSON object whose ``schema`` is not
+    ``SCHEMA_VERSION`` (None: it is, or it is no object, which the readers report themselves)."""
+    if not isinstance(record, dict) or record.get("schema") == SCHEMA_VERSION:
+        return None
+    return (f"result schema {record.get('schema')!r}, this cpbench reads schema {SCHEMA_VERSION} only "
+            "(docs/results.md: the schema)")
 
 
 def find_previous(signature: str, out_dir: Path, sweep_dir: Path | None) -> tuple[Path, dict] | None:
@@ -180,7 +195,7 @@ def find_previous(signature: str, out_dir: Path, sweep_dir: Path | None) -> tupl
     if own.exists():
         try:
             record = read_json(own)
-            if record.get("signature") == signature:
+            if record.get("signature") == signature and schema_error(record) is None:
                 return own, record
         except (OSError, ValueError):
             pass

@@ -12,6 +12,7 @@ import pytest
 from cpbench.estimate import fit_powers
 from cpbench.harness.energy import energy_per_step, gpu_energy_j
 from cpbench.report.rows import ENERGY_COLUMN, STAGE_PEAK_PREFIX, result_rows
+from cpbench.results import SCHEMA_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 PROTEIN = "MQIFVKTLTGKTITLEVEPSDTIENVKAKIQDKEGIPPDQQRLIFAGKQLEDGRTLSDYNIQKESTLHLVLRLRGG"  # 76 aa
@@ -41,7 +42,7 @@ def timing_record(n: int, peak: float, ms: float, cp: int = 1, sampling_ms: floa
 def write_results(root: Path, records: list[dict]) -> Path:
     for i, rec in enumerate(records):
         (root / str(i)).mkdir(parents=True, exist_ok=True)
-        (root / str(i) / "result.json").write_text(json.dumps(rec))
+        (root / str(i) / "result.json").write_text(json.dumps({"schema": SCHEMA_VERSION, **rec}))
     return root
 
 

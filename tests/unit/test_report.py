@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 
 from cpbench.report import build_report
-from cpbench.results import iter_results
+from cpbench.results import SCHEMA_VERSION, iter_results
 from cpbench.results.memory_fit import fit_peak_memory, fitting_points
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -102,13 +102,13 @@ def test_cli_rebuilds_report_from_json_alone_with_every_failed_row(probe_sweep, 
     real = _records(probe_sweep / "sweep")
     for rel, rec in real.items():
         (tmp_path / "results" / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "results" / rel).write_text(json.dumps(rec))
+        (tmp_path / "results" / rel).write_text(json.dumps({"schema": SCHEMA_VERSION, **rec}))
     timing = next(r for r in real.values() if r["routine"] == "timing")
     for status, cp in (("insufficient_gpus", 8), ("timeout", 2)):
         rec = {k: v for k, v in timing.items() if k not in ("peak_alloc_gib", "peak_reserved_gib")}
         rec.update(status=status, message=f"{status} (derived row)", point=dict(rec["point"], cp=cp, mesh_shape=[cp]))
         (tmp_path / "results" / status).mkdir()
-        (tmp_path / "results" / status / "result.json").write_text(json.dumps(rec))
+        (tmp_path / "results" / status / "result.json").write_text(json.dumps({"schema": SCHEMA_VERSION, **rec}))
     proc = _python_m("cpbench.report", [str(tmp_path / "results"), "--out", str(tmp_path / "site" / "bench.md"),
                                         "--baseline-max-n", "500"], cwd=tmp_path, timeout_s=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from cpbench.report import build_report
 from cpbench.report.readme import README_END, README_START
+from cpbench.results import SCHEMA_VERSION
 
 PAIRFORMER = "cpbench.models.pairformer.adapter.PairformerAdapter"
 
@@ -29,7 +30,7 @@ def section(text: str, title: str) -> str:
 
 def write(root: Path, name: str, record: dict) -> None:
     (root / name).mkdir(parents=True)
-    (root / name / "result.json").write_text(json.dumps(record))
+    (root / name / "result.json").write_text(json.dumps({"schema": SCHEMA_VERSION, **record}))
 
 
 def test_backends_side_by_side_with_speedup_and_parity(tmp_path):

@@ -15,6 +15,7 @@ from cpbench.report.__main__ import main as report_main
 from cpbench.report.headline import headline_rows
 from cpbench.report.readme import README_END, README_START
 from cpbench.report.rows import result_rows
+from cpbench.results import SCHEMA_VERSION
 
 
 def probe_record(workflow: str, cp: int, max_n: int, fail_n: int | None, cause: str | None, *,
@@ -31,9 +32,10 @@ def probe_record(workflow: str, cp: int, max_n: int, fail_n: int | None, cause: 
 
 
 RECORDS = {
-    # trunk only: cp=1 bounded by an oom; cp=2 cut by a timeout (the old record form) below sampling's cp=2
+    # trunk only: cp=1 bounded by an oom; cp=2 cut by a timeout below sampling's cp=2 (as a record
+    # migrated from schema 1 holds it: the timeout is first_fail_n too)
     "trunk_cp1": probe_record("inference", 1, 12288, 12416, "oom"),
-    "trunk_cp2": probe_record("inference", 2, 8192, 16384, "timeout"),
+    "trunk_cp2": probe_record("inference", 2, 8192, 16384, "timeout", timed_out_n=[16384], lower_bound="timeout"),
     "sampling_cp1": probe_record("inference", 1, 10240, 10368, "oom", sampling=True),
     "sampling_cp2": probe_record("inference", 2, 16384, 16512, "oom", sampling=True),
     # the new record form: the timed-out N in timed_out_n, never first_fail_n
@@ -47,7 +49,7 @@ RECORDS = {
 def write_results(root: Path) -> Path:
     for name, record in RECORDS.items():
         (root / name).mkdir(parents=True)
-        (root / name / "result.json").write_text(json.dumps(record))
+        (root / name / "result.json").write_text(json.dumps({"schema": SCHEMA_VERSION, **record}))
     return root
 
 
@@ -90,7 +92,7 @@ def test_an_oom_far_above_the_max_n_is_a_coarse_lower_bound(tmp_path):
     records = RECORDS | {"trunk_cp1": probe_record("inference", 1, 16384, 24576, "oom")}
     for name, record in records.items():
         (tmp_path / name).mkdir(parents=True)
-        (tmp_path / name / "result.json").write_text(json.dumps(record))
+        (tmp_path / name / "result.json").write_text(json.dumps({"schema": SCHEMA_VERSION, **record}))
     headline = section(build_report(tmp_path)["markdown"].read_text(), "Headline")
     assert "| m | inference | 1d cp=1 | ≥ 16,384 | — | OOM at 24,576: a coarse bracket (8,192 tokens) |" in headline
     assert "| m | inference | 1d cp=2 | ≥ 8,192 | ~ 0.50× cp=1 |" in headline  # both ends lower bounds
@@ -137,7 +139,7 @@ def test_a_verified_max_n_wins_over_an_older_lower_bound_of_the_same_n(tmp_path)
         root = tmp_path / str(order)
         for i, record in enumerate(records):
             (root / f"p{i}").mkdir(parents=True)
-            (root / f"p{i}" / "result.json").write_text(json.dumps(record))
+            (root / f"p{i}" / "result.json").write_text(json.dumps({"schema": SCHEMA_VERSION, **record}))
         rows = result_rows([(root / f"p{i}" / "result.json", r) for i, r in enumerate(records)], root)
         (training,) = [h for h in headline_rows(rows) if h.workflow == "training"]
         assert (training.max_n_text(), training.lower_bound) == ("2,560", None), training

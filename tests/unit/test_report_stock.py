@@ -18,6 +18,7 @@ from cpbench.report.memory_model import GPU_MEMORY_SIZES_GIB
 from cpbench.report.memory_table import memory_tables
 from cpbench.report.readout import readout
 from cpbench.report.rows import result_rows
+from cpbench.results import SCHEMA_VERSION
 
 STOCK_BOLTZ2 = {"name": "stock-boltz2", "_target_": "cpbench.models.stock.boltz2.Boltz2Adapter"}
 REFERENCE = {"name": "boltz2", "_target_": "cpbench.models.pairformer.adapter.PairformerAdapter"}
@@ -99,7 +100,7 @@ def test_report_headline_section_names_the_stock_baseline(tmp_path):
     root = tmp_path / "results"
     for name, record in RECORDS.items():
         (root / name).mkdir(parents=True)
-        (root / name / "result.json").write_text(json.dumps(record))
+        (root / name / "result.json").write_text(json.dumps({"schema": SCHEMA_VERSION, **record}))
     text = build_report(root)["markdown"].read_text()
     headline = text.split("## Headline\n", 1)[1].split("\n## ", 1)[0]
     assert "a stock model's single-GPU max N of the same workflow" in headline, headline

@@ -5,8 +5,11 @@ its top-level keys and those of ``points[]``, ``prediction`` (with its ``fit``),
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 from dataclasses import replace
+from pathlib import Path
 
 from cpbench.harness.runner import PointResult
 from cpbench.harness.slots import Slots, SupervisorGroup
@@ -67,3 +70,44 @@ def test_the_schema_names_the_advice_of_a_probe_where_no_n_fits():
     out = Probe(probe_point(start=32), LinearRunner(max_fit_n=16), None, "sig").run()
     assert out["max_n"] is None and out["advice"]
     assert missing(out, documented_keys()) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# The version: every committed record is at it; a record of another version is one line
+# ---------------------------------------------------------------------------------------------
+
+COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
+
+
+def test_every_committed_record_is_at_the_current_schema_and_loads(caplog):
+    from cpbench.report.load import load_records
+    from cpbench.results import SCHEMA_VERSION, iter_results
+
+    paths = sorted(COMMITTED.rglob("result.json"))
+    assert len(paths) > 100
+    old = [str(p) for p in paths if json.loads(p.read_text()).get("schema") != SCHEMA_VERSION]
+    assert not old, old
+    assert [p for p, _ in iter_results(COMMITTED)] == paths
+    with caplog.at_level(logging.WARNING):
+        load_records(COMMITTED)
+    assert not [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+
+
+def test_a_record_of_an_old_schema_is_skipped_with_one_line_naming_it(tmp_path, caplog):
+    from cpbench.report.load import load_records
+    from cpbench.results import SCHEMA_VERSION, find_previous
+
+    source = next(p for p in sorted(COMMITTED.rglob("result.json")) if json.loads(p.read_text())["routine"] == "timing")
+    record = json.loads(source.read_text())
+    for name, version in (("current", SCHEMA_VERSION), ("old", 1)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "result.json").write_text(json.dumps({**record, "schema": version}))
+    with caplog.at_level(logging.WARNING):
+        found = load_records(tmp_path)
+    assert [p.parent.name for p, _ in found] == ["current"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1, lines
+    assert str(tmp_path / "old" / "result.json") in lines[0]
+    assert f"schema 1, this cpbench reads schema {SCHEMA_VERSION} only" in lines[0]
+    # resume never takes an old record for a point's own
+    assert find_previous(record["signature"], tmp_path / "old", None) is None
