@@ -18,8 +18,9 @@ from cpbench.models.foldcp import is_foldcp_installed
 
 from helpers.dist import run_distributed
 
-pytestmark = pytest.mark.skipif(not is_foldcp_installed(),
-                                reason="Fold-CP is not installed: bash scripts/install_foldcp.sh (docs/peers.md)")
+pytestmark = [pytest.mark.foldcp,
+              pytest.mark.skipif(not is_foldcp_installed(),
+                                 reason="Fold-CP is not installed: bash scripts/install_foldcp.sh (docs/peers.md)")]
 
 N_TOKENS = 7          # not a multiple of the grid side 2: one padding token at cp=4
 SIZES = dict(c_s=16, c_z=8, blocks=2, heads_single=2, heads_tri=2, head_dim_tri=4)

@@ -16,9 +16,11 @@ import importlib
 import importlib.metadata
 import importlib.util
 import json
+import os
 from types import ModuleType
 
 INSTALL_COMMAND = "bash scripts/install_foldcp.sh"
+COMMIT_ENV = "CPBENCH_FOLDCP_COMMIT"   # the commit, where the install recorded none (wheels)
 REPOSITORY = "NVIDIA-BioNeMo/boltz-cp"
 DISTRIBUTION = "boltz"
 # The CP trunk (the 2D DTensor Pairformer) and the package that only Fold-CP has.
@@ -70,15 +72,15 @@ def import_trunk() -> ModuleType:
 
 
 def installed_commit() -> str | None:
-    """The git commit Fold-CP was installed from (pip's ``direct_url.json``: a ``git+`` URL records
-    it, which ``install_foldcp.sh`` uses for a local clone too); None when pip did not record one."""
+    """The git commit Fold-CP was installed from: pip's ``direct_url.json`` (a ``git+`` URL records
+    it, which ``install_foldcp.sh`` uses for a local clone too), else ``CPBENCH_FOLDCP_COMMIT``
+    (``gpu_campaign.sh`` sets it from the wheels' ``commit.txt``: a wheel records none); or None."""
     try:
         text = importlib.metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
     except importlib.metadata.PackageNotFoundError:
-        return None
-    if not text:
-        return None
-    return (json.loads(text).get("vcs_info") or {}).get("commit_id")
+        text = None
+    commit = (json.loads(text).get("vcs_info") or {}).get("commit_id") if text else None
+    return commit or os.environ.get(COMMIT_ENV) or None
 
 
 def version_label() -> str:
