@@ -86,3 +86,12 @@ def test_a_cuda_backend_without_its_package_names_the_package(monkeypatch):
 @needs_foldcp
 def test_the_record_names_the_fold_cp_commit_the_script_installed():
     assert re.fullmatch(r"boltz 2\.2\.1 \(Fold-CP [0-9a-f]{7}\)", package.version_label()), package.version_label()
+
+
+@needs_foldcp
+def test_stock_boltz2_refuses_fold_cps_boltz_in_one_line():
+    """Fold-CP installs as boltz 2.2.1 too: the stock adapter must not run its serial copy as "stock"."""
+    with pytest.raises(ConfigError) as err:
+        resolve_point(compose_cfg("model=stock/boltz2", "device=cpu", "cp=1"))
+    assert err.value.key == "model" and "not the stock Boltz-2 package" in str(err.value)
+    assert "bash scripts/install_stock.sh boltz2" in str(err.value) and "\n" not in str(err.value)
