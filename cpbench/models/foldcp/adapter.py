@@ -52,7 +52,10 @@ def _is_square(cp: int) -> bool:
 
 
 class FoldCPBoltz2Adapter:
-    """Hydra target of ``model=foldcp/boltz2`` (``cpbench/conf/model/foldcp/boltz2.yaml``)."""
+    """Hydra target of ``model=foldcp/boltz2`` (``cpbench/conf/model/foldcp/boltz2.yaml``).
+
+    ``topology`` and ``topology_cp0`` mirror the run's topology keys for ``check_config`` (which
+    sees the model config, not the mesh); at build time the mesh itself decides (``manager.py``)."""
 
     # probe.depth=auto: two blocks, as for the stock Boltz-2 trunk (the first block turns a bf16
     # input pair into fp32); the probe still checks the claim against the full step.
