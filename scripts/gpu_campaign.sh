@@ -21,7 +21,9 @@
 # (hydra-core, omegaconf, antlr4, submitit, hydra-submitit-launcher) in .whl/ of the repository
 # (ignored by git), and for model=stock/* lines the stock packages' wheels in .whl/stock/
 # (`bash scripts/install_stock.sh --gpu-wheels`). They are installed into /tmp/site, and
-# cpbench runs from the tree. A tree without .git names its commit in commit.txt, which goes
+# cpbench runs from the tree. For model=foldcp/* lines, Fold-CP's wheels in .whl/foldcp/
+# (`bash scripts/install_foldcp.sh --gpu-wheels`) go into /tmp/site-foldcp, first on the path of
+# those lines only (Fold-CP installs as `boltz`, the stock Boltz-2's name). A tree without .git names its commit in commit.txt, which goes
 # into every result.json (CPBENCH_GIT_COMMIT).
 #
 # Written to $OUT: each job's folder and log ($OUT/NAME.log), env.txt (GPU, driver, clocks,
@@ -48,6 +50,11 @@ if compgen -G ".whl/stock/*.whl" > /dev/null; then  # the stock models' packages
     || { echo "cannot install .whl/stock/*.whl"; exit 1; }
   export PYTHONPATH=/tmp/site:$PYTHONPATH
 fi
+if compgen -G ".whl/foldcp/*.whl" > /dev/null; then  # Fold-CP (model=foldcp/*), apart from the stock boltz
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-foldcp .whl/foldcp/*.whl \
+    || { echo "cannot install .whl/foldcp/*.whl"; exit 1; }
+  [ -f .whl/foldcp/commit.txt ] && export CPBENCH_FOLDCP_COMMIT=$(cat .whl/foldcp/commit.txt)
+fi
 export PYTHONUNBUFFERED=1
 # the tree may have no .git: its commit (commit.txt, when present) goes into every result.json
 if [ -f commit.txt ]; then export CPBENCH_GIT_COMMIT=$(cat commit.txt); cp commit.txt "$OUT/"; fi
@@ -66,7 +73,8 @@ while read -r name need args; do
   dir_key=hydra.run.dir; case "$args" in -m\ *) dir_key=hydra.sweep.dir;; esac
   t0=$(date +%s)
   # shellcheck disable=SC2086  # the overrides are words
-  timeout $(( $(left) - 5 )) python3 -m cpbench $args "$dir_key=$OUT/$name" > "$OUT/$name.log" 2>&1
+  path=$PYTHONPATH; case "$args" in *model=foldcp/*) path=/tmp/site-foldcp:$PYTHONPATH;; esac
+  PYTHONPATH=$path timeout $(( $(left) - 5 )) python3 -m cpbench $args "$dir_key=$OUT/$name" > "$OUT/$name.log" 2>&1
   echo "job $name rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/$name.log" | cut -c1-500)"
   grep -h "probe N=\|probe verify\|predicted\|depth check" "$OUT/$name.log" | cut -c1-300
 done < "$CAMPAIGN"

@@ -19,7 +19,9 @@ representation (``Layout.owns_single``): the largest share of the work. Receive 
 backend leaves untouched are filled by the callers (``models/pairformer/parallel/comm.py``,
 ``p2p.py``, ``transpose.py``) with what this rank itself sent, so values stay finite and of the
 same magnitude; ``check_finite`` verifies the step's numbers. A user's adapter is emulated as it
-is: its own collectives also return at once, and its receive buffers hold what it allocated.
+is: its own collectives also return at once, and its receive buffers hold what it allocated,
+except those it posts through ``torch.distributed.batch_isend_irecv`` (the ring exchanges of
+Fold-CP's trunk, ``model=foldcp/boltz2``): ``fill_p2p_receives`` fills them the same way.
 """
 
 from __future__ import annotations
@@ -34,6 +36,35 @@ def init_fake_group(rank: int, world_size: int) -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    fill_p2p_receives()
+
+
+def fill_p2p_receives() -> None:
+    """Make ``torch.distributed.batch_isend_irecv`` fill, under the fake group, each receive buffer
+    of the batch with a tensor the batch sends of the same shape and dtype (what a peer in the
+    same role sends: finite, of the same magnitude), else zeros. Receives are filled before the
+    call returns, as a real ``wait()`` would leave them. Installed once; outside the fake group
+    the call is torch's own."""
+    import torch
+    import torch.distributed as dist
+
+    if getattr(dist.batch_isend_irecv, "_fills_fake_receives", False):
+        return
+    torch_batch_isend_irecv = dist.batch_isend_irecv
+
+    def batch_isend_irecv(p2p_op_list):
+        works = torch_batch_isend_irecv(p2p_op_list)
+        if dist.is_initialized() and dist.get_backend() == "fake":
+            sends = [op.tensor for op in p2p_op_list if op.op is dist.isend]
+            with torch.no_grad():
+                for op in p2p_op_list:
+                    if op.op is dist.irecv:
+                        src = next((t for t in sends if t.shape == op.tensor.shape and t.dtype == op.tensor.dtype), None)
+                        op.tensor.copy_(src) if src is not None else op.tensor.zero_()
+        return works
+
+    batch_isend_irecv._fills_fake_receives = True
+    dist.batch_isend_irecv = batch_isend_irecv
 
 
 class NonFiniteStep(RuntimeError):

@@ -37,10 +37,12 @@ def _worker(fn: Callable, rank: int, world_size: int, port: int, results: Any, a
             dist.destroy_process_group()
 
 
-def run_distributed(fn: Callable, world_size: int, args: tuple = (), timeout_s: float = 180) -> list[Any]:
-    """``[fn(rank, world_size, *args) for rank in range(world_size)]``, each in its own process."""
+def run_distributed(fn: Callable, world_size: int, args: tuple = (), timeout_s: float = 180,
+                    preload: tuple[str, ...] = ()) -> list[Any]:
+    """``[fn(rank, world_size, *args) for rank in range(world_size)]``, each in its own process.
+    ``preload``: more modules for the forkserver to import once (only when this call starts it)."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "cpbench.models.pairformer"])
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "cpbench.models.pairformer", *preload])
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_worker, args=(fn, r, world_size, port, results, args), daemon=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 import os
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -36,6 +37,9 @@ class StockPackage:
     # Set (unless already set) before the import: Protenix JIT-compiles a CUDA layer norm at
     # import time unless LAYERNORM_TYPE says otherwise (it needs nvcc; its own CPU tests set it).
     environment: dict = field(default_factory=dict)
+    # A module only another project's package of the same name has (Fold-CP installs as `boltz`
+    # 2.2.1 too, with its CP code under boltz.distributed): its presence means "not the stock one".
+    not_stock_if: str | None = None
 
     @property
     def install_command(self) -> str:
@@ -47,7 +51,7 @@ class StockPackage:
 
 
 STOCK_PACKAGES = {p.model: p for p in (
-    StockPackage("boltz2", "Boltz-2", "boltz", "2.2.1", "boltz.model.layers.pairformer"),
+    StockPackage("boltz2", "Boltz-2", "boltz", "2.2.1", "boltz.model.layers.pairformer", not_stock_if="boltz.distributed"),
     StockPackage("openfold3", "OpenFold3", "openfold3", "0.5.0", "openfold3.core.model.latent.pairformer"),
     StockPackage("protenix", "Protenix", "protenix", "2.0.0", "protenix.model.modules.pairformer",
                  environment={"LAYERNORM_TYPE": "torch"}),
@@ -71,6 +75,13 @@ def installed_version(package: StockPackage) -> str | None:
         return None
 
 
+def _module_present(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def import_trunk_module(model: str) -> ModuleType:
     """Import the stock trunk module of ``model`` (a key of ``STOCK_PACKAGES``).
 
@@ -80,6 +91,10 @@ def import_trunk_module(model: str) -> ModuleType:
     package = STOCK_PACKAGES[model]
     for key, value in package.environment.items():
         os.environ.setdefault(key, value)
+    if package.not_stock_if and _module_present(package.not_stock_if):
+        raise StockPackageError(
+            f"the installed {package.distribution} is not the stock {package.title} package (it has {package.not_stock_if}: "
+            f"Fold-CP's, docs/peers.md); run model=stock/{model} from a venv with {package.install_command}")
     try:
         return importlib.import_module(package.trunk_module)
     except (ImportError, OSError, RuntimeError) as exc:  # OSError: a JIT build at import (Protenix)

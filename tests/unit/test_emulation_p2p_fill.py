@@ -1,0 +1,28 @@
+"""Under the fake process group (``emulate=true``), receives posted through
+``torch.distributed.batch_isend_irecv`` by code cpbench does not own (Fold-CP's rings) come back
+filled: with a same-shaped send of the batch, else zeros, never the allocator's leftovers."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from cpbench.harness import emulation
+
+
+def test_fake_group_receives_are_filled_by_a_same_shaped_send_else_zeros():
+    emulation.init_fake_group(0, 4)
+    try:
+        send = torch.randn(3, 5)
+        same_shape = torch.full((3, 5), float("nan"))
+        other_shape = torch.full((2, 2), float("nan"))
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, 1), dist.P2POp(dist.irecv, same_shape, 3),
+                                        dist.P2POp(dist.irecv, other_shape, 3)])
+        for work in works:
+            work.wait()
+        assert torch.equal(same_shape, send) and torch.equal(other_shape, torch.zeros(2, 2))
+        installed = dist.batch_isend_irecv
+        emulation.fill_p2p_receives()  # installed once: a second call does not wrap it again
+        assert dist.batch_isend_irecv is installed
+    finally:
+        dist.destroy_process_group()
