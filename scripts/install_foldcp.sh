@@ -27,7 +27,7 @@
 # Installed through a git URL (a local clone as git+file://) so that pip records the commit
 # (direct_url.json), which every result.json of model=foldcp/boltz2 names.
 #
-# --gpu-wheels puts what the H200 machine (Python 3.12, no index; ../shared/gpu/README.md) lacks for
+# --gpu-wheels puts what the H200 machine (Python 3.12, no package index) lacks for
 # model=foldcp/boltz2 into DIR (default .whl/foldcp; scripts/gpu_campaign.sh installs them into a
 # site of their own, apart from the stock boltz of .whl/stock): a wheel of Fold-CP built from the
 # source, the pure-Python packages above, scipy (a cp312 manylinux wheel), trifast (its Triton
