@@ -40,7 +40,7 @@ from cpbench.models.foldcp import package
 from cpbench.models.foldcp.inputs import FoldCPBatch, build_foldcp_batch
 from cpbench.models.foldcp.manager import foldcp_manager
 from cpbench.models.pairformer.stage_timer import StageTimer
-from cpbench.models.stock.adapter import first_blocks
+from cpbench.models.stock.adapter import trunk_step
 from cpbench.models.stock.boltz2 import torch_truncnorm
 
 WEIGHT_INITS = ("boltz", "uniform")
@@ -162,34 +162,20 @@ class FoldCPBoltz2Adapter:
         ``run_blocks=k`` runs the first k blocks of every pass (every block's weights allocated)."""
         device = batch.z.device
         timer = StageTimer(device)
-        if not train:
-            model.eval()
-            with torch.no_grad(), self._precision(device), first_blocks(model, "layers", run_blocks):
-                passes = self.recycles + 1 if run_blocks is None else min(self.recycles + 1, run_blocks)
-                for _ in range(passes):
-                    with timer.stage("trunk"):
-                        s, z = model(s=batch.s.clone(), z=batch.z.clone(), mask=batch.mask, pair_mask=batch.pair_mask)
-                        del s, z
-            self._record(timer)
-            return None
-        model.train()
-        if self._optimizer is None:  # all blocks' parameters, created before any run_blocks slicing
-            self._optimizer = torch.optim.AdamW(model.parameters(), lr=self.lr)
-        self._optimizer.zero_grad(set_to_none=True)
-        s_in = batch.s.detach().requires_grad_(True)
-        z_in = batch.z.detach().requires_grad_(True)
-        with first_blocks(model, "layers", run_blocks):
-            with timer.stage("forward"):
-                with self._precision(device):
-                    s, z = model(s=s_in, z=z_in, mask=batch.mask, pair_mask=batch.pair_mask)
-                loss = trunk_loss(s, z, batch)
-                del s, z
-            with timer.stage("backward_optimizer"):
-                loss.backward()
-                self._optimizer.step()
-        del s_in, z_in  # their gradients (the embedder's share) go with them
+        loss = trunk_step(
+            model, batch.s, batch.z, train,
+            forward=lambda s, z, training: model(s=s, z=z, mask=batch.mask, pair_mask=batch.pair_mask),
+            loss_of=lambda s, z: trunk_loss(s, z, batch), precision=lambda training: self._precision(device),
+            blocks_attr="layers", recycles=self.recycles, run_blocks=run_blocks, timer=timer,
+            optimizer=lambda: self._adamw(model))
         self._record(timer)
-        return loss.detach()
+        return loss
+
+    def _adamw(self, model: nn.Module) -> torch.optim.Optimizer:
+        """The training step's AdamW, made on first use over all blocks' parameters."""
+        if self._optimizer is None:
+            self._optimizer = torch.optim.AdamW(model.parameters(), lr=self.lr)
+        return self._optimizer
 
     def stats(self) -> dict[str, Any]:
         """The last step's ``stage_ms`` (inference: trunk, summed over the passes; training:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 import torch
 from torch import nn
@@ -68,6 +68,52 @@ def first_blocks(stack: nn.Module, attr: str, run_blocks: int | None) -> Iterato
         yield
     finally:
         setattr(stack, attr, blocks)
+
+
+# forward(s, z, train) -> (s, z); the step's loss of the trunk's outputs; precision(train) -> context
+TrunkForward = Callable[[torch.Tensor, torch.Tensor, bool], tuple[Any, Any]]
+
+
+def trunk_step(model: nn.Module, s: torch.Tensor, z: torch.Tensor, train: bool, *, forward: TrunkForward,
+               loss_of: Callable[[Any, Any], torch.Tensor],
+               precision: Callable[[bool], contextlib.AbstractContextManager], blocks_attr: str, recycles: int,
+               run_blocks: int | None, timer: StageTimer,
+               optimizer: Callable[[], torch.optim.Optimizer]) -> torch.Tensor | None:
+    """One step of a trunk that maps ``(s, z)`` to ``(s, z)``, as the stock and peer adapters run it.
+
+    Inference: ``recycles + 1`` passes without autograd, each from a copy of the inputs (so more
+    passes cost time, not memory; the probe's depth ``run_blocks=k`` also bounds them), stage
+    ``trunk``. Training: forward from the inputs as leaves (their gradients are the embedder's
+    share), ``loss_of`` the outputs, backward and one step of ``optimizer()`` (created on first
+    use, before any ``run_blocks`` slicing: every block's parameters), stages ``forward`` and
+    ``backward_optimizer``. ``run_blocks=k`` runs the first k blocks of ``model.<blocks_attr>``.
+    Shapes are the adapter's (per rank); returns the loss (training) or None.
+    """
+    if not train:
+        model.eval()
+        with torch.no_grad(), precision(False), first_blocks(model, blocks_attr, run_blocks):
+            passes = recycles + 1 if run_blocks is None else min(recycles + 1, run_blocks)
+            for _ in range(passes):
+                with timer.stage("trunk"):
+                    out = forward(s.clone(), z.clone(), False)
+                    del out
+        return None
+    model.train()
+    opt = optimizer()
+    opt.zero_grad(set_to_none=True)
+    s_in = s.detach().requires_grad_(True)
+    z_in = z.detach().requires_grad_(True)
+    with first_blocks(model, blocks_attr, run_blocks):
+        with timer.stage("forward"):
+            with precision(True):
+                s_out, z_out = forward(s_in, z_in, True)
+            loss = loss_of(s_out, z_out)
+            del s_out, z_out
+        with timer.stage("backward_optimizer"):
+            loss.backward()
+            opt.step()
+    del s_in, z_in  # their gradients (the embedder's share) go with them
+    return loss.detach()
 
 
 @contextlib.contextmanager
@@ -171,36 +217,20 @@ class StockAdapter:
         if self.kernel is None:
             self.kernel = self.resolve_kernels(self.kernels, device, train)
         timer = StageTimer(device)
-        if not train:
-            model.eval()
-            with torch.no_grad(), self._precision(device, train=False), first_blocks(model, self.blocks_attr, run_blocks):
-                # the probe's depth k also bounds the passes (as for the reference): each pass starts
-                # from the inputs again, so more passes cost time, not memory
-                passes = self.recycles + 1 if run_blocks is None else min(self.recycles + 1, run_blocks)
-                for _ in range(passes):
-                    with timer.stage("trunk"):
-                        s, z = self.forward(model, batch.s.clone(), batch.z.clone(), batch, train=False)
-                        del s, z
-            self._record(timer)
-            return None
-        model.train()
-        if self._optimizer is None:  # all blocks' parameters, created before any run_blocks slicing
-            self._optimizer = torch.optim.AdamW(model.parameters(), lr=self.lr)
-        self._optimizer.zero_grad(set_to_none=True)
-        s_in = batch.s.detach().requires_grad_(True)
-        z_in = batch.z.detach().requires_grad_(True)
-        with first_blocks(model, self.blocks_attr, run_blocks):
-            with timer.stage("forward"):
-                with self._precision(device, train=True):
-                    s, z = self.forward(model, s_in, z_in, batch, train=True)
-                loss = z.float().square().mean() + s.float().square().mean()
-                del s, z
-            with timer.stage("backward_optimizer"):
-                loss.backward()
-                self._optimizer.step()
-        del s_in, z_in  # their gradients (the embedder's share) go with them
+        loss = trunk_step(
+            model, batch.s, batch.z, train,
+            forward=lambda s, z, training: self.forward(model, s, z, batch, train=training),
+            loss_of=lambda s, z: z.float().square().mean() + s.float().square().mean(),
+            precision=lambda training: self._precision(device, train=training), blocks_attr=self.blocks_attr,
+            recycles=self.recycles, run_blocks=run_blocks, timer=timer, optimizer=lambda: self._adamw(model))
         self._record(timer)
-        return loss.detach()
+        return loss
+
+    def _adamw(self, model: nn.Module) -> torch.optim.Optimizer:
+        """The training step's AdamW, made on first use over all blocks' parameters."""
+        if self._optimizer is None:
+            self._optimizer = torch.optim.AdamW(model.parameters(), lr=self.lr)
+        return self._optimizer
 
     def stats(self) -> dict[str, Any]:
         """The last step's ``stage_ms`` (inference: trunk, summed over the passes; training:
