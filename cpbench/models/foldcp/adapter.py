@@ -40,7 +40,7 @@ from cpbench.models.foldcp import package
 from cpbench.models.foldcp.inputs import FoldCPBatch, build_foldcp_batch
 from cpbench.models.foldcp.manager import foldcp_manager
 from cpbench.models.pairformer.stage_timer import StageTimer
-from cpbench.models.stock.adapter import trunk_step
+from cpbench.models.stock.adapter import lazy_adamw, trunk_step
 from cpbench.models.stock.boltz2 import torch_truncnorm
 
 WEIGHT_INITS = ("boltz", "uniform")
@@ -167,15 +167,9 @@ class FoldCPBoltz2Adapter:
             forward=lambda s, z, training: model(s=s, z=z, mask=batch.mask, pair_mask=batch.pair_mask),
             loss_of=lambda s, z: trunk_loss(s, z, batch), precision=lambda training: self._precision(device),
             blocks_attr="layers", recycles=self.recycles, run_blocks=run_blocks, timer=timer,
-            optimizer=lambda: self._adamw(model))
+            optimizer=lambda: lazy_adamw(self, model))
         self._record(timer)
         return loss
-
-    def _adamw(self, model: nn.Module) -> torch.optim.Optimizer:
-        """The training step's AdamW, made on first use over all blocks' parameters."""
-        if self._optimizer is None:
-            self._optimizer = torch.optim.AdamW(model.parameters(), lr=self.lr)
-        return self._optimizer
 
     def stats(self) -> dict[str, Any]:
         """The last step's ``stage_ms`` (inference: trunk, summed over the passes; training:

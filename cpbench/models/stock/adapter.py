@@ -116,6 +116,14 @@ def trunk_step(model: nn.Module, s: torch.Tensor, z: torch.Tensor, train: bool, 
     return loss.detach()
 
 
+def lazy_adamw(owner: Any, model: nn.Module) -> torch.optim.Optimizer:
+    """``owner._optimizer``: an AdamW at ``owner.lr`` over all of ``model``'s parameters, made on
+    first use (before any ``run_blocks`` slicing) and kept for the following steps."""
+    if owner._optimizer is None:
+        owner._optimizer = torch.optim.AdamW(model.parameters(), lr=owner.lr)
+    return owner._optimizer
+
+
 @contextlib.contextmanager
 def _matmul_precision(level: str) -> Iterator[None]:
     """``torch.set_float32_matmul_precision(level)`` inside the block, restored afterwards."""
@@ -222,15 +230,9 @@ class StockAdapter:
             forward=lambda s, z, training: self.forward(model, s, z, batch, train=training),
             loss_of=lambda s, z: z.float().square().mean() + s.float().square().mean(),
             precision=lambda training: self._precision(device, train=training), blocks_attr=self.blocks_attr,
-            recycles=self.recycles, run_blocks=run_blocks, timer=timer, optimizer=lambda: self._adamw(model))
+            recycles=self.recycles, run_blocks=run_blocks, timer=timer, optimizer=lambda: lazy_adamw(self, model))
         self._record(timer)
         return loss
-
-    def _adamw(self, model: nn.Module) -> torch.optim.Optimizer:
-        """The training step's AdamW, made on first use over all blocks' parameters."""
-        if self._optimizer is None:
-            self._optimizer = torch.optim.AdamW(model.parameters(), lr=self.lr)
-        return self._optimizer
 
     def stats(self) -> dict[str, Any]:
         """The last step's ``stage_ms`` (inference: trunk, summed over the passes; training:
