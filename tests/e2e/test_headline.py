@@ -5,8 +5,12 @@ On this CPU (no GPU) the default trunk runs at its tiny preset, cp is the number
 processes, and the probe runs under the automatic training cap (config.AUTO_LIMIT_GIB). The
 command is scaled to what it checks, the routing of one sweep: two cp values (1 and 2: the
 mechanism is the same for 2, 4, 8, and 14 gloo processes per point cost minutes of process
-starts on two cores), two N values (16 and 32, at most every probe's max N). What the command
-as typed (cp=2,4,8 N=1024,2048) costs on two cores: docs/perf_notes.md.
+starts on two cores), two N values (16 and 32, at most every probe's max N), and an MSA depth of
+16 (S=16, not the default 256): the routing does not depend on S. Under the automatic training
+cap both probes end at a real allocation failure with either depth (2-core machine, 2026-12-03:
+max N 64, first failing 128 at cp=1, 128 and 192 at cp=2), and the command took 218 s of CPU time
+at S=16 against 264 s at S=256 (user + system, on a machine shared with other jobs).
+What the command as typed (cp=2,4,8 N=1024,2048) costs on two cores: docs/perf_notes.md.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ def frozen_code(tmp_path, monkeypatch) -> Path:
 def test_headline_command_times_every_point_and_probes_each_cp_once(tmp_path, frozen_code):
     sweep = tmp_path / "sweep"
     proc = run_cpbench(["-m", "workflow=training", f"cp={','.join(map(str, CPS))}", f"N={','.join(map(str, NS))}",
-                        f"hydra.sweep.dir={sweep}", "report.out=docs/cp_benchmark.md"], cwd=tmp_path, timeout_s=1500)
+                        "S=16", f"hydra.sweep.dir={sweep}", "report.out=docs/cp_benchmark.md"], cwd=tmp_path, timeout_s=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [(path, r) for path, r in iter_results(sweep)]
     probes = {r["point"]["cp"]: (path, r) for path, r in records if r["routine"] == "probe"}
