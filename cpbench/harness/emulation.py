@@ -16,12 +16,13 @@ so every rank holds shards of one shape and runs the same ops on them (chunk siz
 from equal budgets); rank 0 holds no padding rows (padding sits at the end of the token axis),
 so its masks are the densest, and in 2d it is the rank of its grid row that owns the single
 representation (``Layout.owns_single``): the largest share of the work. Receive buffers the fake
-backend leaves untouched are filled by the callers (``models/pairformer/parallel/comm.py``,
-``p2p.py``, ``transpose.py``) with what this rank itself sent, so values stay finite and of the
-same magnitude; ``check_finite`` verifies the step's numbers. A user's adapter is emulated as it
-is: its own collectives also return at once, and its receive buffers hold what it allocated,
-except those it posts through ``torch.distributed.batch_isend_irecv`` (the ring exchanges of
-Fold-CP's trunk, ``model=foldcp/boltz2``): ``fill_p2p_receives`` fills them the same way.
+backend leaves untouched are filled with what this rank itself sent, so values stay finite and
+of the same magnitude: every receive posted through ``torch.distributed.batch_isend_irecv`` (the
+reference's p2p moves and Cannon ring, ``models/pairformer/parallel/p2p.py``, and any adapter's,
+such as Fold-CP's rings) by ``fill_p2p_receives``, installed with the group; the collectives'
+outputs by their callers (``models/pairformer/parallel/comm.py``, ``transpose.py``).
+``check_finite`` verifies the step's numbers. A user's adapter is otherwise emulated as it is:
+its own collectives also return at once, and their outputs hold what it allocated.
 """
 
 from __future__ import annotations
@@ -41,10 +42,11 @@ def init_fake_group(rank: int, world_size: int) -> None:
 
 def fill_p2p_receives() -> None:
     """Make ``torch.distributed.batch_isend_irecv`` fill, under the fake group, each receive buffer
-    of the batch with a tensor the batch sends of the same shape and dtype (what a peer in the
-    same role sends: finite, of the same magnitude), else zeros. Receives are filled before the
-    call returns, as a real ``wait()`` would leave them. Installed once; outside the fake group
-    the call is torch's own."""
+    of the batch with what a peer in the same role sends (finite, of the same magnitude): the
+    send of the same position among the batch's sends when its shape and dtype match, else the
+    first send of that shape and dtype, else zeros. Receives are filled before the call returns,
+    as a real ``wait()`` would leave them. Installed once; outside the fake group the call is
+    torch's own."""
     import torch
     import torch.distributed as dist
 
@@ -56,11 +58,11 @@ def fill_p2p_receives() -> None:
         works = torch_batch_isend_irecv(p2p_op_list)
         if dist.is_initialized() and dist.get_backend() == "fake":
             sends = [op.tensor for op in p2p_op_list if op.op is dist.isend]
+            recvs = [op.tensor for op in p2p_op_list if op.op is dist.irecv]
             with torch.no_grad():
-                for op in p2p_op_list:
-                    if op.op is dist.irecv:
-                        src = next((t for t in sends if t.shape == op.tensor.shape and t.dtype == op.tensor.dtype), None)
-                        op.tensor.copy_(src) if src is not None else op.tensor.zero_()
+                for i, buf in enumerate(recvs):
+                    fits = [t for t in sends[i:i + 1] + sends if t.shape == buf.shape and t.dtype == buf.dtype]
+                    buf.copy_(fits[0]) if fits else buf.zero_()
         return works
 
     batch_isend_irecv._fills_fake_receives = True

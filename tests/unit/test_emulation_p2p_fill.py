@@ -1,6 +1,7 @@
 """Under the fake process group (``emulate=true``), receives posted through
-``torch.distributed.batch_isend_irecv`` by code cpbench does not own (Fold-CP's rings) come back
-filled: with a same-shaped send of the batch, else zeros, never the allocator's leftovers."""
+``torch.distributed.batch_isend_irecv`` (the reference's p2p moves, Fold-CP's rings) come back
+filled: with the send of the same position, else a same-shaped send of the batch, else zeros,
+never the allocator's leftovers."""
 
 from __future__ import annotations
 
@@ -21,6 +22,12 @@ def test_fake_group_receives_are_filled_by_a_same_shaped_send_else_zeros():
         for work in works:
             work.wait()
         assert torch.equal(same_shape, send) and torch.equal(other_shape, torch.zeros(2, 2))
+        # the reference's exchanges pair the i-th receive with the i-th send (both of one shape)
+        first, second = torch.randn(4), torch.randn(4)
+        got = [torch.full((4,), float("nan")) for _ in range(2)]
+        dist.batch_isend_irecv([dist.P2POp(dist.isend, first, 1), dist.P2POp(dist.isend, second, 2),
+                                dist.P2POp(dist.irecv, got[0], 3), dist.P2POp(dist.irecv, got[1], 2)])
+        assert torch.equal(got[0], first) and torch.equal(got[1], second)
         installed = dist.batch_isend_irecv
         emulation.fill_p2p_receives()  # installed once: a second call does not wrap it again
         assert dist.batch_isend_irecv is installed

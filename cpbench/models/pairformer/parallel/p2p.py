@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from cpbench.models.pairformer.parallel.comm import BYTES, is_fake
+from cpbench.models.pairformer.parallel.comm import BYTES
 
 TAG_SKEW, TAG_RO, TAG_ACC = 1, 2, 3
 
@@ -17,22 +17,8 @@ def exchange(sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch
     ops += [dist.P2POp(dist.irecv, t, peer, tag=tag) for peer, t in recvs]
     if sends:
         BYTES.add(sum(t.numel() * t.element_size() for _, t in sends), "p2p")
-    reqs = dist.batch_isend_irecv(ops) if ops else []
-    if is_fake():
-        _fill_receives(sends, recvs)
-    return reqs
-
-
-def _fill_receives(sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Tensor]]) -> None:
-    """Emulated CP: the fake backend writes no receive buffer. Each gets the send of the same
-    position and shape (what a peer in the same role sends: finite, of the same magnitude),
-    else zeros."""
-    for i, (_, buf) in enumerate(recvs):
-        src = sends[i][1] if i < len(sends) and sends[i][1].shape == buf.shape else None
-        if src is not None:
-            buf.copy_(src)
-        else:
-            buf.zero_()
+    # emulated CP: the fake group's batch_isend_irecv fills the receives (harness.emulation)
+    return dist.batch_isend_irecv(ops) if ops else []
 
 
 def wait_all(reqs: list) -> None:
