@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import importlib.util
 import json
 import os
 from types import ModuleType
+
+from cpbench.models.stock.packages import module_present
 
 INSTALL_COMMAND = "bash scripts/install_foldcp.sh"
 COMMIT_ENV = "CPBENCH_FOLDCP_COMMIT"   # the commit, where the install recorded none (wheels)
@@ -39,14 +40,6 @@ PAIR_BIAS_BACKENDS = {"auto": None, "reference": "reference", "torch_flex_attn":
 
 class FoldCPPackageError(ImportError):
     """Fold-CP's trunk does not import; the message is one line naming the install command."""
-
-
-def module_present(name: str) -> bool:
-    """Whether ``name`` can be found without importing it (False where a parent package is missing)."""
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def is_foldcp_installed() -> bool:

@@ -75,7 +75,8 @@ def installed_version(package: StockPackage) -> str | None:
         return None
 
 
-def _module_present(name: str) -> bool:
+def module_present(name: str) -> bool:
+    """Whether ``name`` can be found without importing it (False where a parent package is missing)."""
     try:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
@@ -91,7 +92,7 @@ def import_trunk_module(model: str) -> ModuleType:
     package = STOCK_PACKAGES[model]
     for key, value in package.environment.items():
         os.environ.setdefault(key, value)
-    if package.not_stock_if and _module_present(package.not_stock_if):
+    if package.not_stock_if and module_present(package.not_stock_if):
         raise StockPackageError(
             f"the installed {package.distribution} is not the stock {package.title} package (it has {package.not_stock_if}: "
             f"Fold-CP's, docs/peers.md); run model=stock/{model} from a venv with {package.install_command}")
