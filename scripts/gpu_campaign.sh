@@ -23,8 +23,8 @@
 # (`bash scripts/install_stock.sh --gpu-wheels`). They are installed into /tmp/site, and
 # cpbench runs from the tree. For model=foldcp/* lines, Fold-CP's wheels in .whl/foldcp/
 # (`bash scripts/install_foldcp.sh --gpu-wheels`) go into /tmp/site-foldcp, first on the path of
-# those lines only (Fold-CP installs as `boltz`, the stock Boltz-2's name). A tree without .git names its commit in commit.txt, which goes
-# into every result.json (CPBENCH_GIT_COMMIT).
+# those lines only (Fold-CP installs as `boltz`, the stock Boltz-2's name). A tree without .git
+# names its commit in commit.txt, which goes into every result.json (CPBENCH_GIT_COMMIT).
 #
 # Written to $OUT: each job's folder and log ($OUT/NAME.log), env.txt (GPU, driver, clocks,
 # torch/CUDA/NCCL), nvidia-smi before and after, commit.txt, and one archive of it all
