@@ -80,6 +80,11 @@ def apply_limit(limit_gib: float | None, device: torch.device, reserve_gib: floa
         return None
     global _cpu_capped
     fixed = fix_malloc()
+    # Start the intra-op thread pool before the cap: a thread's stack (8 MiB, private writable)
+    # counts in the data segment, and an OpenMP pool first started near the cap failed the point
+    # as an error ("libgomp: Thread creation failed: Resource temporarily unavailable") instead of
+    # an allocation failure; started here, its stacks are part of the baseline.
+    torch.ones(1 << 20).sum()
     cap = _proc_status_bytes("VmData") + int(max(0.0, limit_gib - reserve_gib) * GIB)
     resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
     _cpu_capped = True
