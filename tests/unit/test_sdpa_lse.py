@@ -73,30 +73,3 @@ def test_log_sum_exp_rows_from_either_kernel_layout():
     padded = torch.cat([lse, torch.full((2, 4, 8), float("nan"))], -1)  # memory-efficient: Lq padded
     assert torch.equal(sdpa_lse.lse_rows(padded, 40), lse)
     assert torch.equal(sdpa_lse.lse_rows(lse.unsqueeze(-1), 40), lse)  # cuDNN: [B, h, Lq, 1]
-
-
-def test_a_bias_over_the_span_limit_is_attended_in_pieces_with_the_same_result(monkeypatch):
-    """A bias spanning more than MAX_BIAS_SPAN_BYTES (2**31 on the GPU, where a larger one made
-    the 2d trunk step non-finite) runs one head and a few query rows per call, exactly."""
-    q, k, v, bias = _inputs(seed=5, lq=41)
-    whole_o, whole_lse = sdpa_lse.sdpa_with_lse(q, k, v, bias)
-    row_bytes = bias.stride(2) * bias.element_size()
-    monkeypatch.setattr(sdpa_lse, "MAX_BIAS_SPAN_BYTES", 6 * row_bytes)  # 6-7 query rows per piece
-    pieces = sdpa_lse.bias_pieces(bias)
-    assert len(pieces) == 4 * math.ceil(41 / 6)
-    covered = torch.zeros(4, 41, dtype=torch.int64)
-    for hs, qs in pieces:
-        assert sdpa_lse._span_bytes(bias[:, hs, qs]) <= 6 * row_bytes
-        covered[hs, qs] += 1
-    assert bool((covered == 1).all())
-    o, lse = sdpa_lse.sdpa_with_lse(q, k, v, bias)
-    torch.testing.assert_close(o, whole_o)
-    torch.testing.assert_close(lse, whole_lse.float())
-    o_ref, lse_ref = _math(q, k, v, bias)
-    torch.testing.assert_close(o, o_ref, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(lse, lse_ref, atol=1e-4, rtol=1e-4)
-
-
-def test_a_bias_within_the_limit_is_one_piece():
-    q, k, v, bias = _inputs()
-    assert sdpa_lse.bias_pieces(bias) == [(slice(None), slice(None))]

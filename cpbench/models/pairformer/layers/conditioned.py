@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cpbench.models.pairformer.ops.layer_norm import LayerNorm, layer_norm
 from cpbench.models.pairformer.parallel import chunking
 
 
@@ -29,8 +30,8 @@ class AdaLN(nn.Module):
 
     def __init__(self, c_a: int, c_s: int) -> None:
         super().__init__()
-        self.norm_a = nn.LayerNorm(c_a, elementwise_affine=False)
-        self.norm_s = nn.LayerNorm(c_s, bias=False)
+        self.norm_a = LayerNorm(c_a, elementwise_affine=False)
+        self.norm_s = LayerNorm(c_s, bias=False)
         self.scale = nn.Linear(c_s, c_a)
         self.shift = nn.Linear(c_s, c_a, bias=False)
 
@@ -93,7 +94,7 @@ def normalize_(pair: torch.Tensor) -> torch.Tensor:
     per_row_b = 3 * pair[0].numel() * pair.element_size()
     rc = chunking.rows_per_chunk(pair.shape[0], per_row_b, chunking.budget_bytes(pair))
     for rs in chunking.slices(pair.shape[0], rc):
-        pair[rs] = F.layer_norm(pair[rs], pair.shape[-1:])
+        pair[rs] = layer_norm(pair[rs], pair.shape[-1:])
     return pair
 
 
@@ -103,7 +104,7 @@ class NormedPairBias(nn.Module):
 
     def __init__(self, c_pair: int, heads: int) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(c_pair)
+        self.norm = LayerNorm(c_pair)
         self.proj = nn.Linear(c_pair, heads, bias=False)
 
     def forward(self, p_hat: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from cpbench.models.pairformer.ops.layer_norm import LayerNorm
 from cpbench.models.pairformer.parallel import chunking, comm
 from cpbench.models.pairformer.parallel.layout import TWO_D, Layout
 from cpbench.models.pairformer.parallel.padding import key_bias
@@ -95,7 +96,7 @@ class OuterProductMean(nn.Module):
     def __init__(self, c_m: int, c_z: int, c_opm: int = 32) -> None:
         super().__init__()
         self.c_opm = c_opm
-        self.norm = nn.LayerNorm(c_m)
+        self.norm = LayerNorm(c_m)
         self.proj_a = nn.Linear(c_m, c_opm, bias=False)
         self.proj_b = nn.Linear(c_m, c_opm, bias=False)
         self.out = nn.Linear(c_opm * c_opm, c_z)
@@ -210,11 +211,11 @@ class PairWeightedAveraging(nn.Module):
     def __init__(self, c_m: int, c_z: int, heads: int = 8, head_dim: int = 32) -> None:
         super().__init__()
         self.heads, self.head_dim = heads, head_dim
-        self.norm_m = nn.LayerNorm(c_m)
+        self.norm_m = LayerNorm(c_m)
         self.proj_v = nn.Linear(c_m, heads * head_dim, bias=False)
         self.proj_g = nn.Linear(c_m, heads * head_dim, bias=False)
         # No LayerNorm bias: W_b·beta would shift every logit of a row alike (a softmax no-op).
-        self.norm_z = nn.LayerNorm(c_z, bias=False)
+        self.norm_z = LayerNorm(c_z, bias=False)
         self.proj_w = nn.Linear(c_z, heads, bias=False)
         self.out = nn.Linear(heads * head_dim, c_m, bias=False)
 

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cpbench.models.pairformer.ops.fused import norm_linear
+from cpbench.models.pairformer.ops.layer_norm import LayerNorm
 from cpbench.models.pairformer.ops.pair_bias_attention_2d import attention_pair_bias_2d
 from cpbench.models.pairformer.parallel import chunking, comm
 from cpbench.models.pairformer.parallel.layout import TWO_D, Layout
@@ -30,13 +31,13 @@ class AttentionPairBias(nn.Module):
         if c_s % heads:
             raise ValueError(f"c_s={c_s} is not divisible by heads_single={heads}")
         self.heads = heads
-        self.norm_s = nn.LayerNorm(c_s)
+        self.norm_s = LayerNorm(c_s)
         self.q = nn.Linear(c_s, c_s)
         self.kvg = nn.Linear(c_s, 3 * c_s, bias=False)
         # No LayerNorm offset: it would add a per-head constant to every logit of a row, which the
         # softmax cancels, so its gradient is exactly zero and AdamW would random-walk it on
         # rounding noise (Boltz-2 keeps that dead parameter).
-        self.norm_z = nn.LayerNorm(c_z, bias=False)
+        self.norm_z = LayerNorm(c_z, bias=False)
         self.bias_proj = nn.Linear(c_z, heads, bias=False)
         self.out = nn.Linear(c_s, c_s, bias=False)
 

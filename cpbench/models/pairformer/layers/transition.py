@@ -10,6 +10,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from cpbench.models.pairformer.ops.fused import swiglu_transition
+from cpbench.models.pairformer.ops.layer_norm import LayerNorm
 from cpbench.models.pairformer.parallel import chunking
 
 
@@ -23,7 +24,7 @@ class Transition(nn.Module):
 
     def __init__(self, c: int, factor: int) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(c)
+        self.norm = LayerNorm(c)
         self.proj_in = nn.Linear(c, 2 * factor * c, bias=False)
         self.proj_out = nn.Linear(factor * c, c, bias=False)
 

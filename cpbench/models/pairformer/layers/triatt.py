@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 from cpbench.models.pairformer.ops import kernels
 from cpbench.models.pairformer.ops.biased_attention import biased_attention
 from cpbench.models.pairformer.ops.fused import gated_output, norm_linear
+from cpbench.models.pairformer.ops.layer_norm import LayerNorm
 from cpbench.models.pairformer.ops.triangle_attention_2d import triangle_attention_2d
 from cpbench.models.pairformer.parallel import chunking, comm
 from cpbench.models.pairformer.parallel.layout import TWO_D, Layout
@@ -36,7 +37,7 @@ class TriangleAttention(nn.Module):
     def __init__(self, c_z: int, heads: int, head_dim: int, ending: bool = False) -> None:
         super().__init__()
         self.ending, self.heads, self.head_dim = ending, heads, head_dim
-        self.norm = nn.LayerNorm(c_z)
+        self.norm = LayerNorm(c_z)
         self.qkvg = nn.Linear(c_z, 4 * heads * head_dim, bias=False)
         self.bias_proj = nn.Linear(c_z, heads, bias=False)
         self.out = nn.Linear(heads * head_dim, c_z, bias=False)

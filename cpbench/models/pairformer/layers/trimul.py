@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from cpbench.models.pairformer.ops.fused import triangle_operands, triangle_update
+from cpbench.models.pairformer.ops.layer_norm import LayerNorm
 from cpbench.models.pairformer.ops.triangle_product import CANNON_OPERAND_COPIES, triangle_product
 from cpbench.models.pairformer.parallel import chunking, comm
 from cpbench.models.pairformer.parallel.layout import TWO_D, Layout
@@ -37,10 +38,10 @@ class TriangleMultiplication(nn.Module):
     def __init__(self, c_z: int, incoming: bool = False) -> None:
         super().__init__()
         self.incoming = incoming
-        self.norm_in = nn.LayerNorm(c_z)
+        self.norm_in = LayerNorm(c_z)
         self.proj_in = nn.Linear(c_z, 2 * c_z, bias=False)  # [a; b]
         self.gate_in = nn.Linear(c_z, 2 * c_z, bias=False)
-        self.norm_out = nn.LayerNorm(c_z)
+        self.norm_out = LayerNorm(c_z)
         self.proj_out = nn.Linear(c_z, c_z, bias=False)
         self.gate_out = nn.Linear(c_z, c_z, bias=False)
 

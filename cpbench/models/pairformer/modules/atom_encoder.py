@@ -35,6 +35,7 @@ from torch import nn
 from cpbench.data.synthetic import NUM_ELEMENTS, NUM_NAME_CHARS
 from cpbench.models.pairformer.layers.atom_windows import KEYS, QUERIES, AtomWindows, atom_windows
 from cpbench.models.pairformer.layers.conditioned import ConditionedAttention, ConditionedTransition
+from cpbench.models.pairformer.ops.layer_norm import LayerNorm
 from cpbench.models.pairformer.parallel import chunking, comm
 from cpbench.models.pairformer.parallel.layout import Layout
 from cpbench.models.pairformer.parallel.padding import MASKED_LOGIT
@@ -123,7 +124,7 @@ class AtomAttentionEncoder(nn.Module):
             nn.ReLU(), nn.Linear(c_atompair, c_atompair, bias=False), nn.ReLU(),
             nn.Linear(c_atompair, c_atompair, bias=False), nn.ReLU(), nn.Linear(c_atompair, c_atompair, bias=False))
         # No LayerNorm bias: it would add one constant per head to all logits (a softmax no-op).
-        self.pair_norm = nn.LayerNorm(c_atompair, bias=False)
+        self.pair_norm = LayerNorm(c_atompair, bias=False)
         self.pair_bias = nn.Linear(c_atompair, max(1, blocks) * heads, bias=False)
         self.blocks = nn.ModuleList(AtomTransformerBlock(c_atom, heads, transition_factor) for _ in range(blocks))
         self.to_token = nn.Linear(c_atom, c_token, bias=False)

@@ -40,6 +40,7 @@ from cpbench.models.pairformer.layers.conditioned import ConditionedAttention, C
 from cpbench.models.pairformer.layers.embed import N_RELPOS, InputEmbedder
 from cpbench.models.pairformer.layers.transition import Transition
 from cpbench.models.pairformer.modules.atom_encoder import AtomAttentionEncoder
+from cpbench.models.pairformer.ops.layer_norm import LayerNorm, layer_norm
 from cpbench.models.pairformer.ops.sdpa_lse import sdpa_with_lse
 from cpbench.models.pairformer.parallel import chunking, comm
 from cpbench.models.pairformer.parallel.layout import TWO_D, Layout
@@ -59,15 +60,15 @@ class DiffusionConditioning(nn.Module):
     def __init__(self, c_s: int, c_z: int, c_fourier: int) -> None:
         super().__init__()
         self.relpos = nn.Linear(N_RELPOS, c_z, bias=False)
-        self.pair_norm = nn.LayerNorm(2 * c_z)
+        self.pair_norm = LayerNorm(2 * c_z)
         self.pair_proj = nn.Linear(2 * c_z, c_z, bias=False)
         self.pair_transitions = nn.ModuleList(Transition(c_z, 2) for _ in range(2))
-        self.single_norm = nn.LayerNorm(2 * c_s)
+        self.single_norm = LayerNorm(2 * c_s)
         self.single_proj = nn.Linear(2 * c_s, c_s, bias=False)
         # AF3: the Fourier embedding's weights and phases are drawn once and frozen.
         self.register_buffer("fourier_w", torch.randn(c_fourier))
         self.register_buffer("fourier_b", torch.rand(c_fourier))
-        self.noise_norm = nn.LayerNorm(c_fourier)
+        self.noise_norm = LayerNorm(c_fourier)
         self.noise_proj = nn.Linear(c_fourier, c_s, bias=False)
         self.single_transitions = nn.ModuleList(Transition(c_s, 2) for _ in range(2))
 
@@ -82,7 +83,7 @@ class DiffusionConditioning(nn.Module):
             z = self._pair_rows(z, feats, rows, cols)
             for transition in self.pair_transitions:
                 z = transition(z)
-            return F.layer_norm(z, z.shape[-1:])
+            return layer_norm(z, z.shape[-1:])
         n_local, n_pad, c_z = z.shape
         rc = chunking.rows_per_chunk(n_local, n_pad * 8 * c_z * z.element_size(), chunking.budget_bytes(z))
         for rs in chunking.slices(n_local, rc):
@@ -245,14 +246,14 @@ class DiffusionModule(nn.Module):
         self.sigma_data, self.atom_blocks, self.atom_heads = float(sigma_data), atom_blocks, atom_heads
         self.conditioning = DiffusionConditioning(c_s, c_z, c_fourier)
         self.atoms = AtomAttentionEncoder(c_atom, c_atompair, c_token, blocks=2 * atom_blocks, heads=atom_heads)
-        self.trunk_single_to_atom = nn.Sequential(nn.LayerNorm(c_s), nn.Linear(c_s, c_atom, bias=False))
+        self.trunk_single_to_atom = nn.Sequential(LayerNorm(c_s), nn.Linear(c_s, c_atom, bias=False))
         self.trunk_pair_to_atom = NormedPairBias(c_z, c_atompair)
         self.coords_to_atom = nn.Linear(3, c_atom, bias=False)
-        self.single_to_token = nn.Sequential(nn.LayerNorm(c_s), nn.Linear(c_s, c_token, bias=False))
+        self.single_to_token = nn.Sequential(LayerNorm(c_s), nn.Linear(c_s, c_token, bias=False))
         self.token_blocks = nn.ModuleList(TokenTransformerBlock(c_token, c_s, c_z, heads) for _ in range(blocks))
-        self.token_norm = nn.LayerNorm(c_token)
+        self.token_norm = LayerNorm(c_token)
         self.token_to_atom = nn.Linear(c_token, c_atom, bias=False)
-        self.atom_out = nn.Sequential(nn.LayerNorm(c_atom), nn.Linear(c_atom, 3, bias=False))
+        self.atom_out = nn.Sequential(LayerNorm(c_atom), nn.Linear(c_atom, 3, bias=False))
 
     def prepare(self, s_trunk: torch.Tensor, z_trunk: torch.Tensor, s_inputs: torch.Tensor,
                 feats: dict[str, torch.Tensor], layout: Layout) -> DiffusionContext:

@@ -16,6 +16,7 @@ from cpbench.models.pairformer.modules.atom_encoder import AtomAttentionEncoder
 from cpbench.models.pairformer.modules.block import PairformerBlock, run_block
 from cpbench.models.pairformer.modules.cuda_graphs import GraphedBlocks
 from cpbench.models.pairformer.modules.msa_module import MsaModule
+from cpbench.models.pairformer.ops.layer_norm import LayerNorm
 from cpbench.models.pairformer.parallel import chunking, comm
 from cpbench.models.pairformer.parallel.layout import Layout
 from cpbench.models.pairformer.stage_timer import Laps, StageTimer, maybe_stage
@@ -43,9 +44,9 @@ class PairformerTrunk(nn.Module):
         self.atom_encoder = AtomAttentionEncoder(c_atom, c_atompair, c_s, atom_blocks, atom_heads)
         self.msa_module = (MsaModule(c_m, c_z, c_s, msa_blocks, heads_tri, head_dim_tri, transition_factor)
                            if msa_blocks else None)
-        self.recycle_norm_s = nn.LayerNorm(c_s)
+        self.recycle_norm_s = LayerNorm(c_s)
         self.recycle_s = nn.Linear(c_s, c_s, bias=False)
-        self.recycle_norm_z = nn.LayerNorm(c_z)
+        self.recycle_norm_z = LayerNorm(c_z)
         self.recycle_z = nn.Linear(c_z, c_z, bias=False)
         self.blocks = nn.ModuleList(
             PairformerBlock(c_s, c_z, heads_single, heads_tri, head_dim_tri, transition_factor) for _ in range(blocks))

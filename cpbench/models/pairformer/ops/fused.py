@@ -22,13 +22,14 @@ import torch
 import torch.nn.functional as F
 
 from cpbench.models.pairformer.ops import kernels
+from cpbench.models.pairformer.ops.layer_norm import layer_norm
 from cpbench.models.pairformer.parallel import chunking
 
 
 @kernels.compiled
 def norm_linear(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor | None, w: torch.Tensor) -> torch.Tensor:
     """``LayerNorm(x) @ wᵀ``: ``x: [rows, c]``, ``w: [out, c]`` -> ``[rows, out]``."""
-    return F.linear(F.layer_norm(x, (x.shape[-1],), ln_w, ln_b), w)
+    return F.linear(layer_norm(x, (x.shape[-1],), ln_w, ln_b), w)
 
 
 def swiglu_transition(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w_in: torch.Tensor,
@@ -43,7 +44,7 @@ def swiglu_transition(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w
 @kernels.compiled
 def _swiglu_transition(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w_in: torch.Tensor,
                        w_out: torch.Tensor, residual: bool) -> torch.Tensor:
-    a, b = F.linear(F.layer_norm(x, (x.shape[-1],), ln_w, ln_b), w_in).chunk(2, dim=-1)
+    a, b = F.linear(layer_norm(x, (x.shape[-1],), ln_w, ln_b), w_in).chunk(2, dim=-1)
     update = F.linear(F.silu(a) * b, w_out)
     return x.add_(update) if residual else update
 
@@ -83,7 +84,7 @@ def _triangle_operands(z: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, 
                        mask: torch.Tensor, a_out: torch.Tensor | None,
                        b_out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     r, n = z.shape[:2]
-    zn = F.layer_norm(z, (z.shape[-1],), ln_w, ln_b)
+    zn = layer_norm(z, (z.shape[-1],), ln_w, ln_b)
     pa, pb, ga, gb = torch.matmul(w, zn.reshape(r * n, -1).t()).view(4, -1, r, n).unbind(0)
     a, b = pa * torch.sigmoid(ga) * mask, pb * torch.sigmoid(gb) * mask
     if a_out is None:
@@ -107,7 +108,7 @@ def triangle_update(x: torch.Tensor, z: torch.Tensor, ln_x_w: torch.Tensor, ln_x
 def _triangle_update(x: torch.Tensor, z: torch.Tensor, ln_x_w: torch.Tensor, ln_x_b: torch.Tensor,
                      ln_z_w: torch.Tensor, ln_z_b: torch.Tensor, w_out: torch.Tensor,
                      w_gate: torch.Tensor, residual: bool) -> torch.Tensor:
-    xn = F.layer_norm(x, (x.shape[-1],), ln_x_w, ln_x_b)
-    zn = F.layer_norm(z, (z.shape[-1],), ln_z_w, ln_z_b)
+    xn = layer_norm(x, (x.shape[-1],), ln_x_w, ln_x_b)
+    zn = layer_norm(z, (z.shape[-1],), ln_z_w, ln_z_b)
     update = F.linear(xn, w_out) * torch.sigmoid(F.linear(zn, w_gate))
     return z.add_(update) if residual else update

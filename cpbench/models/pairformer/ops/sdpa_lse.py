@@ -11,10 +11,6 @@ the pieces with their log-sum-exp (online softmax), so they need a kernel that r
   process runs both kernels on a few query rows. cuDNN is used only if it ran and its output
   and log-sum-exp agree with the memory-efficient kernel's; any later failure switches back
   for good. ``kernel_in_use()`` says which kernel runs (None before the first CUDA call).
-
-On either device a bias spanning more than ``MAX_BIAS_SPAN_BYTES`` is attended in pieces (one
-head, as many query rows as fit: ``in_bias_pieces``), which is exact: query rows and heads are
-independent.
 """
 
 from __future__ import annotations
@@ -29,12 +25,6 @@ log = logging.getLogger("cpbench")
 _CUDA_BIAS_ALIGN = 16
 _CHECK_ROWS = 16            # query rows of the first call that both kernels run
 _LSE_ATOL = 1e-2            # natural-log units; a base-2 or unscaled log-sum-exp is far off
-# The most bytes one fused-kernel call's bias may span (from its first to its last element). On
-# one H200 (torch 2.11, 2026-12-03) the emulated 2x2 trunk step at N=33,026 came out non-finite
-# at 134 GiB of 135.9, where 32,512 was finite: its ring's bias piece ``[h, C, C]`` spans 2.18e9
-# bytes there against 2.11e9 at 32,512, either side of 2**31 (scripts/large_bias_attention.py
-# checks the kernels at both sizes). ``in_bias_pieces`` keeps every call under it.
-MAX_BIAS_SPAN_BYTES = 2**31 - 1
 _OUT_RTOL = 5e-2            # of the output's largest magnitude (bf16 inputs)
 
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -50,44 +40,6 @@ def _aligned(bias: torch.Tensor) -> torch.Tensor:
     base = bias[:1] if bias.stride(0) == 0 else bias  # keep a batch-expanded bias expanded
     aligned = base.new_empty((*base.shape[:-1], -(-k_len // _CUDA_BIAS_ALIGN) * _CUDA_BIAS_ALIGN))
     return aligned[..., :k_len].copy_(base).expand(shape)
-
-
-def _span_bytes(t: torch.Tensor) -> int:
-    """Bytes from a view's first element to its last (0-stride dimensions add nothing)."""
-    return (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0)) * t.element_size()
-
-
-def bias_pieces(bias: torch.Tensor, max_bytes: int | None = None) -> list[tuple[slice, slice]]:
-    """``(heads, queries)`` slices of a ``[B, h, Lq, Lk]`` bias, each spanning at most ``max_bytes``.
-
-    One piece when the whole bias does; else one head at a time, and within a head as many query
-    rows as fit (slices of a view: nothing is copied)."""
-    max_bytes = MAX_BIAS_SPAN_BYTES if max_bytes is None else max_bytes
-    n_heads, n_queries = bias.shape[1], bias.shape[2]
-    if _span_bytes(bias) <= max_bytes:
-        return [(slice(None), slice(None))]
-    one_row = _span_bytes(bias[:, :1, :1])
-    row_bytes = bias.stride(2) * bias.element_size()
-    rows = max(1, (max_bytes - one_row) // row_bytes + 1) if row_bytes else n_queries
-    return [(slice(h, h + 1), slice(q0, min(q0 + rows, n_queries)))
-            for h in range(n_heads) for q0 in range(0, n_queries, rows)]
-
-
-def in_bias_pieces(attend: Kernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``attend(q, k, v, bias) -> (o, lse)`` run on ``bias_pieces`` and put back together.
-
-    Args: ``q: [B, h, Lq, d]``, ``k, v: [B, h, Lk, d]``, ``bias: [B, h, Lq, Lk]``.
-    Returns: ``o: [B, h, Lq, d]``, ``lse: [B, h, Lq]`` (no autograd)."""
-    pieces = bias_pieces(bias)
-    if len(pieces) == 1:
-        return attend(q, k, v, bias)
-    o = torch.empty_like(q)
-    lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
-    for hs, qs in pieces:
-        o[:, hs, qs], lse[:, hs, qs] = attend(q[:, hs, qs].contiguous(), k[:, hs].contiguous(),
-                                              v[:, hs].contiguous(), bias[:, hs, qs])
-    return o, lse
 
 
 def lse_rows(lse: torch.Tensor, n_queries: int) -> torch.Tensor:
@@ -141,19 +93,10 @@ def sdpa_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Args: ``q: [B, h, Lq, d]``, ``k, v: [B, h, Lk, d]``, ``bias: [B, h, Lq, Lk]`` (may be expanded).
     Returns: ``o: [B, h, Lq, d]``, ``lse: [B, h, Lq]`` fp32.
     """
-    if not q.is_cuda:
-        return in_bias_pieces(_cpu_flash, q, k, v, bias)
-    return in_bias_pieces(_cuda_attend, q, k, v, _aligned(bias))
-
-
-def _cpu_flash(q, k, v, bias):
-    o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias)
-    return o, lse.float()
-
-
-def _cuda_attend(q, k, v, bias):
-    """cuDNN or the memory-efficient kernel (decided on the first call, see the module docstring)."""
     global _cuda_kernel
+    if not q.is_cuda:
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias)
+    bias = _aligned(bias)
     if _cuda_kernel is None:
         _cuda_kernel = first_agreeing([("cudnn", _cudnn)], _efficient, q, k, v, bias) or "efficient"
         log.info("attention with log-sum-exp: %s kernel", _cuda_kernel)
