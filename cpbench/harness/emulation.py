@@ -21,13 +21,11 @@ of the same magnitude: every receive posted through ``torch.distributed.batch_is
 reference's p2p moves and Cannon ring, ``models/pairformer/parallel/p2p.py``, and any adapter's,
 such as Fold-CP's rings) by ``fill_p2p_receives``, installed with the group; the collectives'
 outputs by their callers (``models/pairformer/parallel/comm.py``, ``transpose.py``).
-``check_finite`` verifies the step's numbers. A user's adapter is otherwise emulated as it is:
+The worker's ``check_finite`` verifies the step's numbers (on every run). A user's adapter is otherwise emulated as it is:
 its own collectives also return at once, and their outputs hold what it allocated.
 """
 
 from __future__ import annotations
-
-import math
 
 
 def init_fake_group(rank: int, world_size: int) -> None:
@@ -67,16 +65,3 @@ def fill_p2p_receives() -> None:
 
     batch_isend_irecv._fills_fake_receives = True
     dist.batch_isend_irecv = batch_isend_irecv
-
-
-class NonFiniteStep(RuntimeError):
-    """An emulated step produced inf or NaN: a receive buffer the fake group left unfilled."""
-
-
-def check_finite(loss: float | None, stats: dict) -> None:
-    """Raise ``NonFiniteStep`` when the step's loss, or the outputs the adapter checked
-    (``stats["outputs_finite"]``, the reference adapter under emulation), are not finite."""
-    if loss is not None and not math.isfinite(loss):
-        raise NonFiniteStep(f"emulated step: loss {loss} is not finite")
-    if stats.get("outputs_finite") is False:
-        raise NonFiniteStep("emulated step: outputs are not finite")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime as _dt
 import faulthandler
 import json
+import math
 import os
 import sys
 import time
@@ -126,13 +127,27 @@ def run_rank(spec: dict, rank: int, device_index: int, outcome: dict) -> None:
     outcome["peak_alloc_gib"], outcome["peak_reserved_gib"] = peak.read_gib()
     outcome["warmup_ms"], outcome["times_ms"] = warmup_ms, times_ms
     outcome["loss"] = float(loss.detach().float().item()) if isinstance(loss, torch.Tensor) else None
-    if spec.get("emulate"):  # the filled receive buffers must leave the step's numbers finite
-        emulation.check_finite(outcome["loss"], adapter_stats(adapter))
+    check_finite(outcome["loss"], adapter_stats(adapter))
     outcome["stats"] = adapter_stats(adapter)
     # An adapter that resets the CUDA peak per stage (stage_peak_gib) cleared the process peak too.
     stage_peaks = [v for v in (outcome["stats"].get("stage_peak_gib") or {}).values() if v is not None]
     outcome["peak_alloc_gib"] = max([outcome["peak_alloc_gib"], *stage_peaks])
     outcome["status"], outcome["message"] = "ok", ""
+
+
+class NonFiniteStep(RuntimeError):
+    """A step's loss or checked outputs held inf or NaN: its result is wrong, whatever it cost."""
+
+
+def check_finite(loss: float | None, stats: dict) -> None:
+    """Raise ``NonFiniteStep`` when the step's loss, or the outputs the adapter checked
+    (``stats["outputs_finite"]``, the reference adapter's trunk and sampler outputs), are not
+    finite: the point is an error, never a fit, on a real run as under emulation (where a
+    receive buffer left unfilled would show here)."""
+    if loss is not None and not math.isfinite(loss):
+        raise NonFiniteStep(f"step loss {loss} is not finite")
+    if stats.get("outputs_finite") is False:
+        raise NonFiniteStep("step outputs are not finite")
 
 
 def die_with_parent() -> None:

@@ -1,7 +1,7 @@
 """Fault injection with real worker processes (gloo, CPU): one bad rank never hangs a probe.
 
 The test adapter's rank 1 alone fails above N=48 (CUDA OOM / sleeps for ever / exits with
-code 3) while rank 0 waits in the step's all-reduce. Each probe must finish in bounded time
+code 3 / a NaN loss) while rank 0 waits in the step's all-reduce. Each probe must finish in bounded time
 with max N = 48 and the right cause recorded for the failing point.
 """
 
@@ -31,6 +31,7 @@ def fault_runner(fault: str) -> tuple:
     ("oom", "oom", "OutOfMemoryError"),
     ("hang", "timeout", "still running"),
     ("exit", "error", "exited with code 3"),
+    ("nan_loss", "error", "not finite"),  # a real (not emulated) step whose loss is NaN is no fit
 ])
 def test_probe_survives_one_failing_rank(fault, status, cause):
     point, runner = fault_runner(fault)

@@ -3,7 +3,9 @@
 ``model=adapter model._target_=tests.helpers.faults.FaultAdapter +model.fault=oom
 +model.threshold_n=48``: at N > threshold_n, rank 1 raises ``torch.cuda.OutOfMemoryError``
 (``oom``), sleeps for ever (``hang``), exits with code 3 without a word (``exit``) or dies of a
-segmentation fault (``segfault``: a native crash, as a library can under the CPU cap), while
+segmentation fault (``segfault``: a native crash, as a library can under the CPU cap), or
+completes its step with a NaN loss (``nan_loss``: a kernel that went wrong, the all-reduce carries
+the NaN to every rank), while
 rank 0 has entered the step's all-reduce; ``hang_later`` completes two steps, then hangs like
 ``hang`` (a point too slow for its timeout). At N <= threshold_n every rank completes.
 """
@@ -18,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-FAULTS = ("oom", "hang", "hang_later", "exit", "segfault", "none")
+FAULTS = ("oom", "hang", "hang_later", "exit", "segfault", "nan_loss", "none")
 
 
 class FaultAdapter:
@@ -38,10 +40,13 @@ class FaultAdapter:
 
     def run_step(self, model: nn.Module, batch: dict, train: bool) -> torch.Tensor:
         self.steps += 1
-        if dist.get_rank() == 1 and batch["N"] > self.threshold_n and (self.fault != "hang_later" or self.steps > 2):
+        failing = dist.get_rank() == 1 and batch["N"] > self.threshold_n
+        if failing and self.fault != "nan_loss" and (self.fault != "hang_later" or self.steps > 2):
             self._fail()
         with torch.set_grad_enabled(train):
             loss = model(batch["x"]).sum()
+        if failing and self.fault == "nan_loss":
+            loss = loss * float("nan")
         total = loss.detach().clone()
         dist.all_reduce(total)  # rank 0 waits here for a rank 1 that never comes
         return total

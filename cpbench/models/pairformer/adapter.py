@@ -74,12 +74,12 @@ def all_reduce_grads(model: nn.Module, layout: Layout) -> None:
         offset += g.numel()
 
 
-def _finite_if_emulated(layout: Layout, s: torch.Tensor, z: torch.Tensor) -> bool | None:
-    """Under emulated CP (the fake backend, ``comm.is_fake``): whether the trunk's outputs are
-    finite (one fp32 sum per tensor: a reduction allocates nothing of z's size, and any inf or
-    NaN makes the sum non-finite; ``harness.emulation.check_finite`` reads it); None otherwise."""
-    if not comm.is_fake(layout.group):
-        return None
+def _outputs_finite(s: torch.Tensor, z: torch.Tensor) -> bool:
+    """Whether the trunk's outputs are finite: one fp32 sum per tensor (a reduction allocates
+    nothing of z's size, and any inf or NaN makes the sum non-finite); the worker fails a step
+    whose outputs are not (``harness.worker.check_finite``). On every run, real or emulated: under
+    emulation a receive buffer left unfilled would show here, and on one H200 a CUDA LayerNorm
+    past 2**32 elements made a near-limit step NaN (``ops/layer_norm.py``)."""
     return all(bool(torch.isfinite(t.sum(dtype=torch.float32))) for t in (s, z))
 
 
@@ -179,7 +179,7 @@ class PairformerAdapter:
             with torch.no_grad():
                 with timer.stage("trunk"):
                     s, z = model(batch, layout, recycles=recycles, run_blocks=run_blocks, timer=timer)
-                finite = _finite_if_emulated(layout, s, z)
+                finite = _outputs_finite(s, z)
                 if model.diffusion is not None:
                     with timer.stage("sampling"):
                         ctx = model.diffusion.prepare(s, z, model.s_inputs, batch, layout)
@@ -187,11 +187,10 @@ class PairformerAdapter:
                         coords = sample(model.diffusion, ctx, self.sampling_steps, self.samples, model.sampling_seed,
                                         run_steps=run_blocks, run_blocks=run_blocks, graphs=model.denoiser_graphs)
                         del ctx
-                        if finite is not None and isinstance(coords, torch.Tensor):
+                        if isinstance(coords, torch.Tensor):
                             finite = finite and bool(torch.isfinite(coords.sum(dtype=torch.float32)))
             self._record(model, start_s, now_s(batch["token_mask"]), None, timer)
-            if finite is not None:
-                self._stats["outputs_finite"] = finite
+            self._stats["outputs_finite"] = finite
             return None
         if model.optimizer is None:
             model.optimizer = torch.optim.AdamW(model.parameters(), lr=self.lr)
