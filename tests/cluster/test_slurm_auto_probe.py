@@ -9,8 +9,9 @@ started by .ci/slurm_up.sh, a frozen copy of the code. The CI node has 2 CPUs an
 per rank, so the configuration is cp=1: its two jobs (N=16 and N=32, one array, the launcher's
 default array parallelism) run at the same time, where a cp=2 job would take the whole node and
 cp=4 or 8 can never start there (test_slurm_cluster.py's "cannot hold" test covers those rows).
-Nothing but the output location and the launcher's poll interval and time limit is added to the
-command: device=auto and the launcher's default gpus_per_node, so the points run on the CPU of this
+Nothing but the output location, the launcher's poll interval and time limit, and an MSA depth of
+16 (S=16, as in the headline test: the routing does not depend on S) is added to the command:
+device=auto and the launcher's default gpus_per_node, so the points run on the CPU of this
 GPU-less cluster and ask SLURM for no GPU. The model is the default reference trunk (its tiny
 preset on a CPU) under the automatic training cap, as in the headline test.
 """
@@ -29,7 +30,7 @@ NS = (16, 32)
 
 def test_slurm_headline_jobs_of_one_configuration_run_its_probe_once(tmp_path, code_snapshot):  # noqa: F811
     sweep_dir = tmp_path / "sweep"
-    args = ["workflow=training", "cp=1", f"N={','.join(map(str, NS))}",
+    args = ["workflow=training", "cp=1", f"N={','.join(map(str, NS))}", "S=16",
             f"hydra.sweep.dir={sweep_dir}", f"report.out={tmp_path / 'docs' / 'cp_benchmark.md'}"]
     # As a user types it: the launcher's own defaults (gpus_per_node 8, the cluster's CPUs per task) and
     # device=auto; on this GPU-less cluster the points run on the CPU and ask SLURM for no GPU.

@@ -19,8 +19,10 @@ from pathlib import Path
 
 from helpers.run import run_command
 
+# A probe of small steps (what is checked is the signal's handling, not the sizes): a shallow MSA,
+# two atoms per token, no sampler.
 PROBE = ["device=cpu", "model=tiny", "cp=2", "routine=probe", "probe.start=32", "probe.depth=null",
-         "probe.max_points=3"]
+         "probe.max_points=3", "S=16", "atoms_per_token=2", "workflow.sampling=false"]
 WAIT_S = 60
 
 
