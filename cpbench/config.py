@@ -64,8 +64,12 @@ UNSIGNED_KEYS = ("resume", "report", "hydra")
 AUTO_PROBE_START = {"cuda": {"inference": 1024, "training": 512}, "cpu": {"inference": 128, "training": 32}}
 # CPU: the tiny trunk is memory-lean (~0.06 GiB above baseline at N=512 in fp32, cp=2), so a
 # cap this small is what lets the default CPU probe meet a real allocation failure within a
-# minute or two on 2 cores; 64 keeps the bisection short.
-AUTO_GRANULARITY = {"cuda": 512, "cpu": 64}
+# minute or two on 2 cores. 128: under a cap this small the failure point moves by some 64
+# tokens (about 10 MiB) between runs of one configuration, so a 64-token bracket was often not
+# reproduced by the verification re-runs (status unstable); 128 also saves the near-limit point,
+# the costliest of the search (the quick start, fp32, 2 cores, 2026-12-04: 640 and 704 fit in 21
+# and 27 s, 768 out of memory).
+AUTO_GRANULARITY = {"cuda": 512, "cpu": 128}
 # The CPU cap per workflow (probe only: a CPU timing point runs uncapped). Inference 0.0625
 # GiB: the quick start (cp=2, fp32 on a CPU without bf16 units, 2 cores) then fits N=512 and
 # runs out of memory at 576 in about two minutes; under 0.125 GiB its search took ~200 s there

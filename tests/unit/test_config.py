@@ -12,7 +12,7 @@ from helpers.run import compose_cfg, fault_model, run_cpbench
 def test_cpu_auto_values_follow_the_config_comments():
     point = resolve_point(compose_cfg("device=cpu", "model=tiny"))
     assert point.cp == 2 and point.device == "cpu"
-    assert point.probe.start == 128 and point.probe.granularity == 64
+    assert point.probe.start == 128 and point.probe.granularity == 128
     assert point.memory_limit_gib == (0.125 if point.dtype == "bf16" else 0.0625)  # dtype=auto: this CPU's
     fp32 = resolve_point(compose_cfg("device=cpu", "model=tiny", "dtype=fp32"))
     bf16 = resolve_point(compose_cfg("device=cpu", "model=tiny", "dtype=bf16"))

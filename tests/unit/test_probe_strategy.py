@@ -51,7 +51,8 @@ class RuleRunner:
 
 def probe_point(limit_gib: float = CAP_GIB, **probe):
     point = compose_point("device=cpu", "model=tiny", "cp=2")
-    return replace(point, memory_limit_gib=limit_gib, probe=replace(point.probe, **{"depth": None, "verify": False, **probe}))
+    return replace(point, memory_limit_gib=limit_gib,
+                   probe=replace(point.probe, **{"depth": None, "verify": False, "granularity": 64, **probe}))
 
 
 def true_max_n(peak_gib=quadratic_gib, unit: int = 2) -> int:

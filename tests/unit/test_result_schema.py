@@ -41,7 +41,7 @@ class LinearRunner:
 
 def probe_point(**probe):
     point = compose_point("device=cpu", "model=tiny", "cp=2")  # a CPU probe: memory.limit_gib 0.0625
-    return replace(point, probe=replace(point.probe, depth=None, **probe))
+    return replace(point, probe=replace(point.probe, **{"depth": None, "granularity": 64, **probe}))
 
 
 def missing(keys, documented: set[str]) -> list[str]:
