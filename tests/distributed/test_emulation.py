@@ -1,20 +1,28 @@
 """Emulated CP (``emulate=true``): rank 0 of cp=K alone over torch's fake process group against
 the real gloo run, same point, one step each, through the harness's own runner.
 
-What the emulation claims, checked: the point's per-rank peak (from 10 % below to 5 % above
-the largest real rank's, the figure the record and the probe use: the real ranks' resident sets
-also hold gloo's transport buffers, which the fake group never allocates, 0.529 against
-0.572 GiB on the 2x2 grid in training at N=256, as NCCL's on a GPU, for which
-``emulate.comm_reserve_gib`` stands in), the same collectives (calls and bytes per kind, the
-step's and the heaviest block's), finite outputs and loss, for 1d cp=2 and a 2x2 grid,
-inference and training. Against the largest rank, not rank 0: at this size the real ranks of
-one run, which hold shards of one shape, differ by up to 5 % among themselves (2x2, training,
-2 cores: 0.210 to 0.223 GiB, rank 0 anywhere in that band from run to run; the emulated rank
-0.218 to 0.225), so one rank's figure would fail a 5 % check by chance (CI did, at 1.051).
+What the emulation claims, checked: the same collectives (calls and bytes per kind, the step's
+and the heaviest block's), finite outputs and loss, and a per-rank peak inside the band the real
+ranks span, for 1d cp=2 and a 2x2 grid, inference and training.
+
+The band is as wide as a CPU's peak resident set moves, not 5 %. That peak (``VmHWM`` above the
+baseline, ``harness.memory``) counts library pages a first step touches and heap pages glibc
+keeps, and at this size both move from run to run: 1d cp=2 training on 2 cores (2026-12-04) gave
+0.265 to 0.292 GiB over nine real and emulated ranks of one configuration, and a CI run 0.298 and
+0.275 GiB for the two real ranks of one run against 0.249 for the emulated one; the 2x2 grid's
+real ranks 0.210 to 0.223 GiB within one run (rank 0 anywhere in that band), the emulated rank
+0.218 to 0.225. Two CI runs failed a 5 % check on one rank's figure (1.051 above rank 0 at 2x2,
+0.84 below it at 1d). So the emulated peak must lie from 15 % below the smallest real rank to
+10 % above the largest: an emulation that lost or doubled a buffer of the step's size fails,
+the resident set's own movement does not. The exact comparison is the GPU's (allocator
+statistics, no page noise), once two GPUs are lent. The real ranks' resident sets also hold
+gloo's transport buffers, which the fake group never allocates (0.529 against 0.572 GiB on the
+2x2 grid in training at N=256), as NCCL's on a GPU, for which ``emulate.comm_reserve_gib``
+stands in.
+
 The pair tensor is made large (``model.c_z=64``, one block, a short MSA, two atoms per token;
 N=128: a training step of the 2x2 grid takes ~25 s on four gloo ranks of two cores) and the
-workers run with glibc's mmap threshold fixed (as under a CPU cap, ``harness.memory``): the
-resident-set peak then measures tensors, not heap fragments.
+workers run with glibc's mmap threshold fixed (as under a CPU cap).
 """
 from __future__ import annotations
 
@@ -50,10 +58,10 @@ def test_emulated_rank0_has_the_real_rank0s_peak_collectives_and_finite_outputs(
     args = [f"workflow={workflow}", *mesh.split()]
     real_ranks, (emulated,) = run_once(*args), run_once(*args, "emulate=true")
     real = real_ranks[0]
-    point_peak_gib = max(r["peak_alloc_gib"] for r in real_ranks)  # the record's per-rank peak
+    real_peaks_gib = [r["peak_alloc_gib"] for r in real_ranks]
 
-    assert 0.90 * point_peak_gib <= emulated["peak_alloc_gib"] <= 1.05 * point_peak_gib, (
-        emulated["peak_alloc_gib"], [r["peak_alloc_gib"] for r in real_ranks])
+    assert 0.85 * min(real_peaks_gib) <= emulated["peak_alloc_gib"] <= 1.10 * max(real_peaks_gib), (
+        emulated["peak_alloc_gib"], real_peaks_gib)
     for key in ("comm_step", "comm_per_block"):
         assert emulated["stats"][key] == real["stats"][key], key
     assert set(emulated["stats"]["comm_step"]) >= ({"all_to_all"} if "1d" in mesh else {"p2p"})
