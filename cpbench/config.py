@@ -72,7 +72,8 @@ AUTO_PROBE_START = {"cuda": {"inference": 1024, "training": 512}, "cpu": {"infer
 AUTO_GRANULARITY = {"cuda": 512, "cpu": 128}
 # The CPU cap per workflow (probe only: a CPU timing point runs uncapped). Inference 0.0625
 # GiB: the quick start (cp=2, fp32 on a CPU without bf16 units, 2 cores) then fits N=512 and
-# runs out of memory at 576 in about two minutes; under 0.125 GiB its search took ~200 s there
+# runs out of memory at 576 in about two minutes (a Xeon, 64-token bisection; an AMD EPYC at
+# 128, 2026-12-04: 640, out of memory at 768, in 102-105 s); under 0.125 GiB its search took ~200 s there
 # (max N 1,088). Training: 0.19 GiB at N=32, 0.24 at N=64, 0.36 at N=128 (oneDNN's
 # workspaces and the optimizer state), so a smaller cap made every training probe fail at its
 # first point. Inference in bf16 (a CPU with bf16 units: AVX512-BF16, AMX) keeps 0.125 GiB:

@@ -53,7 +53,7 @@ def summary(record: dict) -> str:
             text += "no N fit"
         if record.get("first_fail_n") is not None:
             why = record.get("first_fail_message") or ""
-            why = why if len(why) <= 160 else why[:159].rstrip() + "…"  # never a number cut short
+            why = why if len(why) <= 160 else why[:159].rstrip() + "…"  # a cut is marked, never silent
             text += f", first failing N = {record['first_fail_n']} ({record.get('first_fail_status')}: {why})"
         if record.get("timed_out_n"):
             text += f"; N={', '.join(map(str, record['timed_out_n']))} timed out, so max N is a lower bound"

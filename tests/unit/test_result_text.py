@@ -1,5 +1,5 @@
 """The probe's last line (``results.text.summary``): the first failing N with its cause, a long
-cause cut with an ellipsis rather than mid-number ("Error code 1" for "Error code 12")."""
+cause cut with an ellipsis that marks the cut (without it "Error code 12" read "Error code 1")."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def test_a_short_cause_is_quoted_whole():
     assert "max N = 640 (peak 0.07 GiB per rank), first failing N = 768 (oom: rank 1: OutOfMemoryError);" in line
 
 
-def test_a_long_cause_ends_with_an_ellipsis_not_a_cut_number():
+def test_a_long_cause_ends_with_an_ellipsis_that_marks_the_cut():
     cause = "rank 1: RuntimeError: DefaultCPUAllocator: can't allocate memory: " + "x" * 80 + " Error code 12 (Cannot)"
     line = summary(probe_record(cause))
     quoted = line.split("first failing N = 768 (oom: ", 1)[1].split(");", 1)[0]
