@@ -22,7 +22,8 @@ for path in (str(REPO_ROOT), str(TESTS_DIR)):  # tests.helpers (config validatio
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from helpers.run import TIMING_MULTIRUN_ARGS, run_cpbench  # noqa: E402 - needs the paths above
+from helpers.parallel import group_shared_fixtures, pin_this_worker  # noqa: E402 - needs the paths above
+from helpers.run import TIMING_MULTIRUN_ARGS, run_cpbench  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -34,3 +35,10 @@ def timing_multirun(tmp_path_factory) -> Path:
     proc = run_cpbench([*TIMING_MULTIRUN_ARGS, f"hydra.sweep.dir={sweep_dir}"], cwd=launch_dir, timeout_s=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return sweep_dir
+
+
+pin_this_worker()
+
+
+def pytest_collection_modifyitems(config, items):
+    group_shared_fixtures(items)

@@ -148,11 +148,16 @@ def cpu_metadata() -> dict[str, Any]:
                     break
     except OSError:
         pass
+    return {"cpu_model": model or platform.processor() or None, "cpu_count": usable_cpu_count()}
+
+
+def usable_cpu_count() -> int:
+    """Cores this process may run on: its CPU affinity (a SLURM or cgroup cpuset, ``taskset``, a
+    pinned test worker), not the host's count, which oversubscribes a shared node."""
     try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count()
-    return {"cpu_model": model or platform.processor() or None, "cpu_count": cores}
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity API here (macOS, Windows)
+        return os.cpu_count() or 1
 
 
 def _visible_indices(count: int, uuids: list[str | None]) -> list[int]:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cpbench.config import Point
+from cpbench.harness.env import usable_cpu_count
 from cpbench.harness.slots import Slots, SupervisorGroup
 
 log = logging.getLogger("cpbench")
@@ -112,8 +113,9 @@ class Runner:
             "N": task.N, "n_atoms": task.n_atoms, "S": task.S, "run_blocks": task.run_blocks, "lean": task.lean,
             "warmup": task.warmup, "repeats": task.repeats, "profile_path": task.profile_path,
             "timeout_s": task.timeout_s, "work_dir": str(work_dir),
-            # Cores shared by the local ranks: oversubscribed intra-op threads distort CPU times.
-            "threads": max(1, (os.cpu_count() or 1) // len(self.slots.ranks)),
+            # The cores this job may use, shared by its local ranks: oversubscribed intra-op threads
+            # distort CPU times (each parallel region waits for a descheduled thread).
+            "threads": max(1, usable_cpu_count() // len(self.slots.ranks)),
         }
         (work_dir / "spec.json").write_text(json.dumps(spec))
         env = {k: v for k, v in os.environ.items()
