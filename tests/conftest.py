@@ -5,6 +5,9 @@ import the test adapters in ``tests/helpers/faults.py``) and ``tests/`` on ``sys
 Layout: ``unit/`` (no worker processes), ``distributed/`` (gloo parity of the sharded code),
 ``memory/`` (peak-memory bounds), ``e2e/`` (``python -m cpbench`` and real worker processes),
 ``cluster/`` (a real SLURM cluster, marker ``slurm``). Marker ``slow``: the longest tests.
+
+The suite runs one process per core (pytest-xdist): each pinned to its cores, tests that share a
+fixture in one process (``helpers/parallel.py``).
 """
 
 from __future__ import annotations

@@ -65,6 +65,19 @@ def test_cpu_metadata_has_versions_cpu_model_and_cores():
     assert env["device"] == "cpu" and env["cpu_count"] >= 1 and "gpu_model" not in env
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity API here")
+def test_usable_cores_follow_the_cpu_affinity_not_the_host(monkeypatch):
+    """A job pinned to one core (a SLURM cpuset, taskset, a pinned test process) sizes its
+    workers' intra-op threads from that core, not from every core of the host."""
+    code = "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); " \
+           "from cpbench.harness.env import usable_cpu_count, cpu_metadata; " \
+           "print(usable_cpu_count(), cpu_metadata()['cpu_count'])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["1", "1"]
+    monkeypatch.delattr(os, "sched_getaffinity")
+    assert env_mod.usable_cpu_count() == (os.cpu_count() or 1)
+
+
 def test_tuning_env_records_kernel_settings_only(monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", "1")
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
