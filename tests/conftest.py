@@ -43,5 +43,6 @@ def timing_multirun(tmp_path_factory) -> Path:
 pin_this_worker()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     group_shared_fixtures(items)

@@ -64,7 +64,7 @@ def group_shared_fixtures(items: list[pytest.Item]) -> None:
         info = getattr(item, "_fixtureinfo", None)
         for name, defs in (info.name2fixturedefs.items() if info else ()):
             fixture = defs[-1]
-            if fixture.scope in ("session", "package", "module") and _ours(fixture.func):
+            if fixture.scope in ("session", "package", "module") and _ours(fixture.func, item.config.rootpath):
                 owner = "" if fixture.scope != "module" else item.module.__name__
                 union(node, f"fixture:{owner}:{name}")
     for item in items:
@@ -73,10 +73,12 @@ def group_shared_fixtures(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(root))
 
 
-def _ours(func) -> bool:
-    """Whether a fixture is defined in this test tree (pytest's own, ``tmp_path_factory``, are
-    session-scoped too, and shared by nearly every test)."""
+def _ours(func, root: Path) -> bool:
+    """Whether a fixture is defined in the project's own files under ``root`` (pytest's own and
+    plugins' fixtures, such as the session-scoped ``tmp_path_factory`` that nearly every test
+    uses, live in site-packages, which may itself lie under the root: ``.venv``)."""
     try:
-        return Path(inspect.getfile(func)).resolve().is_relative_to(TESTS_DIR)
+        path = Path(inspect.getfile(func)).resolve()
     except (TypeError, OSError):  # a builtin or C function: not ours
         return False
+    return path.is_relative_to(root.resolve()) and "site-packages" not in path.parts
