@@ -35,7 +35,7 @@ import platform
 import socket
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 GPU_KEYS = ("gpu_model", "gpu_count", "gpu_memory_gib", "driver", "sm_clock_mhz", "sm_clock_max_mhz",
             "app_clock_mhz", "app_clock_default_mhz", "clocks_locked", "gpu_processes", "node_shared",
@@ -152,12 +152,41 @@ def cpu_metadata() -> dict[str, Any]:
 
 
 def usable_cpu_count() -> int:
-    """Cores this process may run on: its CPU affinity (a SLURM or cgroup cpuset, ``taskset``, a
-    pinned test worker), not the host's count, which oversubscribes a shared node."""
+    """Cores this process may run on: its CPU affinity (a cgroup cpuset, ``taskset``, a pinned test
+    worker), and inside a SLURM job no more than this task's share of the job's CPUs on this node
+    (clusters without task binding, ``TaskPlugin=task/none``, leave every task the whole node's
+    affinity). Not the host's count, which oversubscribes a shared node."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # no affinity API here (macOS, Windows)
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    share = slurm_task_cpus(os.environ)
+    return max(1, min(cores, share)) if share else cores
+
+
+def slurm_task_cpus(env: Mapping[str, str]) -> int | None:
+    """CPUs SLURM allocated to this task on this node (None outside a job): ``SLURM_CPUS_PER_TASK``
+    when the job asked for it, else the job's CPUs on this node (``SLURM_CPUS_ON_NODE``) over its
+    tasks here (``SLURM_STEP_TASKS_PER_NODE`` / ``SLURM_TASKS_PER_NODE``, e.g. ``2(x3),1``, at
+    ``SLURM_NODEID``)."""
+    if "SLURM_JOB_ID" not in env:
+        return None
+    try:
+        if env.get("SLURM_CPUS_PER_TASK"):
+            return max(1, int(env["SLURM_CPUS_PER_TASK"]))
+        if not env.get("SLURM_CPUS_ON_NODE"):
+            return None
+        tasks = 1
+        spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+        if spec:
+            per_node = []
+            for entry in spec.split(","):
+                count, _, repeat = entry.partition("(x")
+                per_node += [int(count)] * (int(repeat.rstrip(")")) if repeat else 1)
+            tasks = per_node[min(int(env.get("SLURM_NODEID", "0")), len(per_node) - 1)]
+        return max(1, int(env["SLURM_CPUS_ON_NODE"]) // max(1, tasks))
+    except ValueError:  # a format this does not know: no SLURM limit rather than a wrong one
+        return None
 
 
 def _visible_indices(count: int, uuids: list[str | None]) -> list[int]:

@@ -78,6 +78,26 @@ def test_usable_cores_follow_the_cpu_affinity_not_the_host(monkeypatch):
     assert env_mod.usable_cpu_count() == (os.cpu_count() or 1)
 
 
+@pytest.mark.parametrize("env, cpus", [
+    ({}, None),                                                          # not in a SLURM job
+    ({"SLURM_JOB_ID": "7", "SLURM_CPUS_PER_TASK": "8", "SLURM_CPUS_ON_NODE": "64"}, 8),
+    ({"SLURM_JOB_ID": "7", "SLURM_CPUS_ON_NODE": "1", "SLURM_TASKS_PER_NODE": "1"}, 1),
+    ({"SLURM_JOB_ID": "7", "SLURM_CPUS_ON_NODE": "16", "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "SLURM_NODEID": "1"}, 4),
+    ({"SLURM_JOB_ID": "7", "SLURM_CPUS_ON_NODE": "6", "SLURM_TASKS_PER_NODE": "4,3", "SLURM_NODEID": "1"}, 2),
+    ({"SLURM_JOB_ID": "7", "SLURM_CPUS_ON_NODE": "6", "SLURM_TASKS_PER_NODE": "odd"}, None),
+])
+def test_a_slurm_task_uses_its_share_of_the_jobs_cpus(env, cpus, monkeypatch):
+    """Without task binding (TaskPlugin=task/none) every task sees the whole node; its workers'
+    threads must still fit the CPUs SLURM gave it."""
+    assert env_mod.slurm_task_cpus(env) == cpus
+    for key in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    assert env_mod.usable_cpu_count() == (min(affinity, cpus) if cpus else affinity)
+
+
 def test_tuning_env_records_kernel_settings_only(monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", "1")
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
