@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 
 SLURM_GROUP = "slurm"
-TESTS_DIR = Path(__file__).resolve().parent.parent
 
 
 def pin_this_worker() -> None:
@@ -58,7 +57,6 @@ def group_shared_fixtures(items: list[pytest.Item]) -> None:
 
     for item in items:
         node = f"test:{item.nodeid}"
-        find(node)
         if item.get_closest_marker("slurm"):
             union(node, SLURM_GROUP)
         info = getattr(item, "_fixtureinfo", None)

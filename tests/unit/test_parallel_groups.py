@@ -13,14 +13,14 @@ import textwrap
 
 import pytest
 
-from helpers.parallel import TESTS_DIR
+from helpers.run import REPO_ROOT
 
 pytest.importorskip("xdist")
 
 CONFTEST = f"""
 import json, os, sys
 import pytest
-sys.path.insert(0, {str(TESTS_DIR)!r})
+sys.path.insert(0, {str(REPO_ROOT / "tests")!r})
 from helpers.parallel import group_shared_fixtures, pin_this_worker
 
 pin_this_worker()
