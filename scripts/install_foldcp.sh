@@ -14,10 +14,12 @@
 # stock package unless REPLACE_STOCK=1.
 #
 # As with the stock models, the package goes in with --no-deps (its pins: numpy<2, hydra-core 1.3.2,
-# pytorch-lightning, rdkit, wandb, ... are for its training and data pipelines), plus only what the
+# pytorch-lightning, wandb, ... are for its training and data pipelines), plus only what the
 # import of its trunk and data helpers needs (found by importing them in an empty environment):
 #   einops, scipy                     boltz.model.layers (initialize: scipy.stats.truncnorm)
-#   mashumaro                         boltz.data.types (Fold-CP's feature placements and collate)
+#   mashumaro, rdkit                  boltz.data.types (Fold-CP's feature placements and collate import it;
+#                                     rdkit for its `Mol` type: cpbench's `real` extra has it too, so a venv
+#                                     made by scripts/setup.sh hid the need until the GPU machine, 2026-12-05)
 #   cuequivariance_torch 0.8.0        pure Python, no kernels: boltz's serial triangle attention runs
 #   (+ cuequivariance, opt-einsum)    find_spec("cuequivariance_torch.primitives.triangle") at import,
 #                                     which raises ModuleNotFoundError when the package is absent.
@@ -30,7 +32,8 @@
 # --gpu-wheels puts what the H200 machine (Python 3.12, no package index) lacks for
 # model=foldcp/boltz2 into DIR (default .whl/foldcp; scripts/gpu_campaign.sh installs them into a
 # site of their own, apart from the stock boltz of .whl/stock): a wheel of Fold-CP built from the
-# source, the pure-Python packages above, scipy (a cp312 manylinux wheel), trifast (its Triton
+# source, the pure-Python packages above, scipy and rdkit (cp312 manylinux wheels, 36 and 35 MB: together
+# over the 64 MiB one device call carries, so they go over in two calls to a warm machine), trifast (its Triton
 # triangle attention: model.tri_attn_backend=trifast) with jaxtyping, wadler-lindig, platformdirs,
 # and commit.txt (a wheel records no commit; the campaign passes it on as CPBENCH_FOLDCP_COMMIT).
 set -euo pipefail
@@ -39,7 +42,7 @@ VENV=${VENV:-.venv-foldcp}
 FOLDCP_SRC=${FOLDCP_SRC:-https://github.com/NVIDIA-BioNeMo/boltz-cp.git}
 # The commit the adapter was written against (a later one may work: FOLDCP_REF=main).
 PINNED_REF=15f9775bc2280cd8a9338feb4d29511c27beaf21
-DEPS=(einops scipy mashumaro "cuequivariance_torch==0.8.0" "cuequivariance==0.8.0")
+DEPS=(einops scipy mashumaro rdkit "cuequivariance_torch==0.8.0" "cuequivariance==0.8.0")
 
 if [ -d "$FOLDCP_SRC" ]; then
   src=$(cd "$FOLDCP_SRC" && pwd)
@@ -65,7 +68,7 @@ if [ "${1:-}" = "--gpu-wheels" ]; then
   python3 -m pip download -q --no-deps -d "$dir" mashumaro "cuequivariance_torch==0.8.0" "cuequivariance==0.8.0" \
     opt-einsum trifast jaxtyping wadler-lindig platformdirs
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-    --platform manylinux2014_x86_64 -d "$dir" scipy
+    --platform manylinux2014_x86_64 -d "$dir" scipy rdkit
   ls -l "$dir"
   exit 0
 fi
