@@ -245,7 +245,7 @@ def _run_job(cfg: DictConfig, ctx: JobContext) -> dict:
     try:
         if auto_probe:
             probe_ref = ensure_probe(cfg, ctx, slots, group, note)
-        runner = Runner(point, slots, group)
+        runner = Runner(point, slots, group, log_dir=ctx.out_dir)
         fields = _run_routine(point, runner, ctx.out_dir if writer else None, state_signature)
     finally:
         group.close()
@@ -348,7 +348,7 @@ def ensure_probe(cfg: DictConfig, ctx: JobContext, slots: Slots, group: Supervis
     probe_ctx = replace(ctx, out_dir=out_dir, started_s=time.time(),
                         overrides=[o for o in ctx.overrides if o.split("=", 1)[0].lstrip("+~") not in PROBE_FREE_KEYS])
     log.info("%sprobe of this configuration (routine=auto): %s", _progress(ctx.job_num), out_dir)
-    fields = _run_routine(point, Runner(point, slots, group), out_dir if writer else None,
+    fields = _run_routine(point, Runner(point, slots, group, log_dir=out_dir), out_dir if writer else None,
                           probe_state_signature(_probe_signature_config(probe_cfg)))
     status, message = fields.pop("status"), fields.pop("message")
     fields["auto"] = {"by": str(ctx.out_dir)}

@@ -13,6 +13,11 @@ A point's verdict: ``ok`` when every rank completed; else the root cause — ``o
 rank ran out of memory, ``timeout`` when ranks were still running at the point's timeout,
 ``error`` with the failing rank's one-line exception (or exit code) otherwise. Errors that
 only echo a dead peer (gloo "connection closed", NCCL aborts) are never the root cause.
+
+A worker's output (its traceback, a native crash's stack) lives in a temporary folder that goes
+with the point; a rank that ended in ``error`` or ``timeout`` leaves a copy in the job's folder,
+``worker_logs/N<N>-rank<R>.log``, which the job's log names (a rank whose error only echoes a
+dead peer leaves none).
 """
 
 from __future__ import annotations
@@ -82,8 +87,9 @@ class PointResult:
 class Runner:
     """Runs points of one job on its rank slots; every call starts fresh workers."""
 
-    def __init__(self, point: Point, slots: Slots, group: SupervisorGroup):
-        self.point, self.slots, self.group = point, slots, group
+    def __init__(self, point: Point, slots: Slots, group: SupervisorGroup, log_dir: Path | None = None):
+        """``log_dir``: where failed ranks' logs are kept (``worker_logs/``); None keeps none."""
+        self.point, self.slots, self.group, self.log_dir = point, slots, group, log_dir
 
     def run(self, task: PointRun) -> PointResult:
         started = time.time()
@@ -94,6 +100,7 @@ class Runner:
             self._spawn(task, port, work_dir, procs)
             timed_out = self._wait(procs, task.timeout_s, work_dir)
             local = [self._outcome(rank, proc, work_dir, timed_out) for rank, proc in procs]
+            self._keep_logs(local, work_dir, task.N)
         finally:
             # no-op when all exited; on an exception (Ctrl-C, SIGTERM: cpbench.__main__) ends them
             self._kill(procs)
@@ -101,6 +108,23 @@ class Runner:
         ranks = sorted(self.group.gather(local), key=lambda r: r["rank"])
         status, message = verdict(ranks, timed_out, task.timeout_s)
         return PointResult(status, message, ranks, time.time() - started)
+
+    def _keep_logs(self, outcomes: list[dict], work_dir: Path, N: int) -> None:
+        """Copy to ``log_dir`` the logs of the local ranks that timed out or failed with an error of
+        their own (not one that only echoes a dead peer, unless every error here does)."""
+        if self.log_dir is None:
+            return
+        errors = [o for o in outcomes if o["status"] == "error"]
+        kept_ranks = [o for o in errors if not _is_peer_echo(o.get("message", ""))] or errors
+        for outcome in kept_ranks + [o for o in outcomes if o["status"] == "timeout"]:
+            kept = Path(self.log_dir) / "worker_logs" / f"N{N}-rank{outcome['rank']}.log"
+            try:
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(work_dir / f"rank{outcome['rank']}.log", kept)
+            except OSError as exc:
+                log.warning("could not keep rank %d's log: %s", outcome["rank"], exc)
+                continue
+            log.info("N=%d rank %d %s; its log: %s", N, outcome["rank"], outcome["status"], kept)
 
     def _spawn(self, task: PointRun, port: int, work_dir: Path, procs: list[tuple[int, subprocess.Popen]]) -> None:
         p = self.point

@@ -20,11 +20,11 @@ from helpers.run import compose_point, fault_model
 POINT_TIMEOUT_S = 8.0
 
 
-def fault_runner(fault: str) -> tuple:
+def fault_runner(fault: str, log_dir=None) -> tuple:
     point = compose_point("device=cpu", "cp=2", *fault_model(fault, threshold_n=48))
     point = replace(point, probe=replace(point.probe, start=16, granularity=16, timeout_s=POINT_TIMEOUT_S))
     slots = discover_slots(point.cp, point.device)
-    return point, Runner(point, slots, SupervisorGroup(slots))
+    return point, Runner(point, slots, SupervisorGroup(slots), log_dir=log_dir)
 
 
 @pytest.mark.parametrize("fault, status, cause", [
@@ -66,6 +66,19 @@ def test_a_crashed_rank_is_an_error_that_says_where_it_died():
     assert result.status == "error" and result.message.startswith("rank 1:"), result.message
     assert "exited with code -11" in result.message and "Segmentation fault" in result.message, result.message
     assert "faults.py" in result.message and "_fail" in result.message, result.message
+
+
+def test_a_failed_rank_leaves_its_traceback_in_the_job_folder(tmp_path):
+    """The failing rank's whole log (its traceback, not only the one-line message) outlives the
+    point's temporary folder; the ranks that completed or were killed leave none."""
+    point, runner = fault_runner("raise", log_dir=tmp_path)
+    assert runner.run(PointRun(N=32, n_atoms=256, S=4, timeout_s=POINT_TIMEOUT_S)).status == "ok"
+    assert not (tmp_path / "worker_logs").exists()
+    result = runner.run(PointRun(N=64, n_atoms=512, S=4, timeout_s=POINT_TIMEOUT_S))
+    assert result.status == "error" and "cpbench_test_missing" in result.message, result.message
+    assert [p.name for p in (tmp_path / "worker_logs").iterdir()] == ["N64-rank1.log"]
+    text = (tmp_path / "worker_logs" / "N64-rank1.log").read_text()
+    assert "Traceback" in text and "_import_a_missing_module" in text and "cpbench_test_missing" in text, text
 
 
 def test_a_timed_out_timing_point_says_how_far_it_got():

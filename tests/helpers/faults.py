@@ -3,7 +3,8 @@
 ``model=adapter model._target_=tests.helpers.faults.FaultAdapter +model.fault=oom
 +model.threshold_n=48``: at N > threshold_n, rank 1 raises ``torch.cuda.OutOfMemoryError``
 (``oom``), sleeps for ever (``hang``), exits with code 3 without a word (``exit``) or dies of a
-segmentation fault (``segfault``: a native crash, as a library can under the CPU cap), or
+segmentation fault (``segfault``: a native crash, as a library can under the CPU cap), raises
+an ordinary exception from a helper (``raise``: a missing module of a user's model), or
 completes its step with a NaN loss (``nan_loss``: a kernel that went wrong, the all-reduce carries
 the NaN to every rank), while
 rank 0 has entered the step's all-reduce; ``hang_later`` completes two steps, then hangs like
@@ -20,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-FAULTS = ("oom", "hang", "hang_later", "exit", "segfault", "nan_loss", "none")
+FAULTS = ("oom", "hang", "hang_later", "exit", "segfault", "raise", "nan_loss", "none")
 
 
 class FaultAdapter:
@@ -61,6 +62,12 @@ class FaultAdapter:
             os._exit(3)
         if self.fault == "segfault":
             os.kill(os.getpid(), signal.SIGSEGV)
+        if self.fault == "raise":
+            _import_a_missing_module()
+
+
+def _import_a_missing_module() -> None:
+    raise ModuleNotFoundError("No module named 'cpbench_test_missing' (test adapter)")
 
 
 class GrowingAdapter:
