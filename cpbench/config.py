@@ -16,6 +16,7 @@ up to one. The CUDA queries live in ``harness/devices.py``, the CPU swap to the 
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from dataclasses import asdict, dataclass, field
@@ -438,6 +439,11 @@ def resolve_point(cfg: DictConfig) -> Point:
             _check_kernels(str(model["kernels"]), device)
         if model.get("cuda_graphs") == "auto":
             model["cuda_graphs"] = auto_cuda_graphs(routine, str(model.get("kernels", "auto")), device)
+        passes = model.get("passes", "inductor")
+        if passes not in kernels.PASSES:
+            raise ConfigError("model.passes", passes, " or ".join(kernels.PASSES))
+        if passes == "triton" and device == "cuda" and importlib.util.find_spec("triton") is None:
+            raise ConfigError("model.passes", passes, "inductor here: Triton is not installed (pip install triton)")
         for flag, allowed in PAIRFORMER_FLAGS.items():
             if flag in model and not isinstance(model[flag], bool):
                 raise ConfigError(f"model.{flag}", model[flag], allowed)

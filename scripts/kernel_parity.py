@@ -9,6 +9,9 @@ outputs and every parameter gradient, each reported as a norm-wise relative erro
 ``torch`` backend. Prints one JSON line per
 comparison and writes them all to ``--out``. Tolerances: fp32 1e-3 (TF32 matmuls and a different
 softmax order), bf16 5e-2 (bf16 rounding of every activation, over 4 blocks and a recycle).
+``flex+triton`` is ``flex`` with ``model.passes=triton`` (the Triton passes over z,
+``ops/triton_passes.py``): its inference outputs differ from ``flex``'s; its training path is
+``flex``'s (the passes run under autograd as compiled regions).
 """
 
 from __future__ import annotations
@@ -35,8 +38,16 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def block_run(backend: str, dtype: str, n: int, seed: int) -> dict:
+def _select(backend: str) -> tuple[str, str]:
+    """``flex+triton`` -> (``flex``, ``triton``): the kernel backend and ``model.passes``, both selected."""
+    backend, _, passes = backend.partition("+")
     kernels.select(backend, torch.device("cuda"))
+    kernels.select_passes(passes or "inductor")
+    return backend, passes or "inductor"
+
+
+def block_run(backend: str, dtype: str, n: int, seed: int) -> dict:
+    _, passes = _select(backend)
     torch.manual_seed(seed)
     block = PairformerBlock(384, 128, 16, 4, 32, 4).cuda().to(DTYPES[dtype])
     s = torch.randn(n, 384, device="cuda", dtype=DTYPES[dtype])
@@ -44,6 +55,8 @@ def block_run(backend: str, dtype: str, n: int, seed: int) -> dict:
     mask = torch.arange(n, device="cuda") < n - 7  # a few padded tokens
     with torch.no_grad():
         s_inf, z_inf = block(s.clone(), z.clone(), mask, serial_layout())
+    if passes == "triton":  # its training path is flex's
+        return {"s_inference": s_inf, "z_inference": z_inf}
     s, z = s.requires_grad_(), z.requires_grad_()
     s_out, z_out = block(s, z, mask, serial_layout())
     (s_out.float().square().mean() + z_out.float().square().mean()).backward()
@@ -52,13 +65,16 @@ def block_run(backend: str, dtype: str, n: int, seed: int) -> dict:
 
 
 def trunk_run(backend: str, dtype: str, n: int, seed: int) -> dict:
-    adapter = PairformerAdapter(**SIZES, dtype=dtype, kernels=backend)
+    backend, passes = _select(backend)
+    adapter = PairformerAdapter(**SIZES, dtype=dtype, kernels=backend, passes=passes)
     torch.manual_seed(seed)
     model = adapter.build_model(None, torch.device("cuda"))
     torch.manual_seed(seed + 1)
     batch = adapter.build_batch(n, 8 * n, 16, None, torch.device("cuda"))
     with torch.no_grad():
         s_inf, z_inf = model(batch, model.layout, recycles=1)
+    if passes == "triton":
+        return {"s_inference": s_inf, "z_inference": z_inf}
     s, z = model(batch, model.layout, checkpointing=True)
     trunk_loss(s, z, batch["token_mask"], model.layout).backward()
     return {"s_inference": s_inf, "z_inference": z_inf, "s": s.detach(), "z": z.detach(),
@@ -70,9 +86,9 @@ def compare(what: str, run, backend: str, dtype: str, n: int, seed: int) -> dict
     ref = run("torch", dtype, n, seed)
     start = time.perf_counter()
     got = run(backend, dtype, n, seed)
-    worst = max(((k, rel(got[k], ref[k])) for k in ref), key=lambda kv: kv[1])
-    outputs = {k: rel(got[k], ref[k]) for k in ref if not k.startswith("grad/")}
-    grads = sorted(rel(got[k], ref[k]) for k in ref if k.startswith("grad/"))
+    worst = max(((k, rel(got[k], ref[k])) for k in got), key=lambda kv: kv[1])
+    outputs = {k: rel(got[k], ref[k]) for k in got if not k.startswith("grad/")}
+    grads = sorted(rel(got[k], ref[k]) for k in got if k.startswith("grad/"))
     return {"what": what, "backend": backend, "dtype": dtype, "N": n, "seed": seed, "outputs": outputs,
             "params_compared": len(grads), "param_grad_median_rel": grads[len(grads) // 2] if grads else None,
             "worst": worst[0], "worst_rel": worst[1],
@@ -83,8 +99,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=256)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--backends", nargs="+", default=None,
+                        help="default: flex, flex+triton and cueq where it imports")
     args = parser.parse_args()
-    backends = ["flex"] + (["cueq"] if _cueq_available() else [])
+    backends = args.backends or ["flex", "flex+triton"] + (["cueq"] if _cueq_available() else [])
     lines = []
     for backend in backends:
         for dtype in ("fp32", "bf16"):

@@ -9,7 +9,8 @@ is a cpbench point (no harness, no ``result.json``): they say where a point's ti
 ``block`` (inference): one boltz2-sized Pairformer block (c_s 384, c_z 128, 4 triangle heads of
 32, 16 single heads, transitions x4) at ``--n`` tokens, run as the trunk runs it (serial layout,
 no autograd, each op on the pair the block hands it, transposes included), under each backend
-of ``--kernels`` in turn. ``--warmup`` untimed blocks (the ``flex`` regions compile there), then
+of ``--kernels`` in turn (``flex+triton``: ``flex`` with ``model.passes=triton``, the Triton passes
+over z of ``ops/triton_passes.py``). ``--warmup`` untimed blocks (the ``flex`` regions compile there), then
 every op timed by a synchronized wall clock, median of ``--repeats`` blocks. Per backend:
 ``op_ms``, ``block_ms``, analytic TFLOP/s per op and for the block
 (``cpbench.models.pairformer.flops``), ``peak_gib``, ``compile_s``; with ``--kernel-rows K`` one
@@ -138,8 +139,12 @@ def _kernel_table(ops: list, s: torch.Tensor, z: torch.Tensor, top: int) -> dict
 
 def profile_block(n_tokens: int, backend: str, warmup: int, repeats: int, device: torch.device,
                   dtype: str = "bf16", kernel_rows_per_op: int = 0) -> dict:
-    """Median ms per op of one block at ``n_tokens`` under ``backend`` (module docstring: ``block``)."""
+    """Median ms per op of one block at ``n_tokens`` under ``backend`` (module docstring: ``block``;
+    ``flex+triton``: ``flex`` with ``model.passes=triton``)."""
+    backend_name = backend
+    backend, _, passes = backend.partition("+")
     kernels.select(backend, device)
+    kernels.select_passes(passes or "inductor")
     torch.manual_seed(0)
     block = PairformerBlock(**SIZES).to(device, DTYPES[dtype])
     z = torch.randn(n_tokens, n_tokens, SIZES["c_z"], device=device, dtype=DTYPES[dtype])
@@ -161,7 +166,7 @@ def profile_block(n_tokens: int, backend: str, warmup: int, repeats: int, device
     flops = block_flops(n_tokens, PairformerSizes(**SIZES))
     tflops = {name: _tflops(flops[OP_FLOPS[name]], ms) for name, ms in op_ms.items() if ms > 0}
     block_ms = round(sum(op_ms.values()), 3)
-    return {"mode": "block", "kernels": backend, "N": n_tokens, "dtype": dtype, "device": str(device),
+    return {"mode": "block", "kernels": backend_name, "N": n_tokens, "dtype": dtype, "device": str(device),
             "op_ms": op_ms, "block_ms": block_ms, "op_tflops_per_s": tflops,
             "block_tflops_per_s": _tflops(flops["block"], block_ms),
             "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if cuda else None,

@@ -21,6 +21,10 @@ import pytest
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+# Without a GPU, Triton kernels (ops/triton_passes.py) run in Triton's interpreter on CPU tensors;
+# the variable is read when a kernel is defined, so before any test imports one.
+if not __import__("torch").cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 for path in (str(REPO_ROOT), str(TESTS_DIR)):  # tests.helpers (config validation here), helpers
     if path not in sys.path:
         sys.path.insert(0, path)

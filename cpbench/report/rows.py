@@ -192,7 +192,8 @@ def kernels_of(rec: dict, model: dict) -> str | None:
     trunk's blocks or the sampler's denoiser replayed a CUDA graph (``stats.cuda_graphs``,
     ``stats.cuda_graphs_denoiser``; ``model.cuda_graphs=true``), the
     backend gains ``+graphs`` (``flex+graphs``): another way to run the same point, compared
-    beside the others."""
+    beside the others. Where the passes over z ran as Triton kernels (``stats.passes``,
+    ``model.passes=triton``) it gains ``+triton`` (``flex+triton``)."""
     stats = rec.get("stats") or {}
     ran = stats.get("kernels")
     point = rec.get("point") or {}
@@ -201,6 +202,7 @@ def kernels_of(rec: dict, model: dict) -> str | None:
         return "torch"
     if ran:
         replayed = "replay" in (stats.get("cuda_graphs"), stats.get("cuda_graphs_denoiser"))
+        ran += "+triton" if stats.get("passes") == "triton" else ""
         return f"{ran}+graphs" if replayed else ran
     if flops.is_reference_trunk(model):
         return model.get("kernels") or "torch"

@@ -7,6 +7,7 @@ The GPU comparison (compiled flex, gradients, bf16) is ``scripts/kernel_parity.p
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -28,30 +29,52 @@ TINY = dict(c_s=16, c_z=8, blocks=2, heads_single=2, heads_tri=2, head_dim_tri=4
 LEAN_BUDGET_B = 2048  # several row chunks per op, so flex sees a ragged last chunk too
 
 
-def _trunk_out(backend: str, mesh, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+TRITON_BUDGET_B = 64 * 1024
+# Sizes the Triton passes take (power-of-two channels from 16: c_z, heads x head_dim, c_s; hidden 64)
+TINY_TRITON = {**TINY, "c_s": 16, "c_z": 16, "head_dim_tri": 8, "transition_factor": 4}
+
+
+def _trunk_out(backend: str, mesh, seed: int, passes: str = "inductor",
+               sizes: dict = TINY) -> tuple[torch.Tensor, torch.Tensor]:
     """(s, z) of the trunk under ``backend``; 1d/2d shards as this rank holds them."""
-    adapter = PairformerAdapter(**TINY, kernels=backend)
+    adapter = PairformerAdapter(**sizes, kernels=backend, passes=passes)
     torch.manual_seed(seed)
     model = adapter.build_model(mesh, torch.device("cpu"))
     torch.manual_seed(seed + 1)
     batch = adapter.build_batch(N, N_ATOMS, S, mesh, torch.device("cpu"))
     assert kernels.active() == backend
-    with torch.no_grad(), chunking.override_budget(LEAN_BUDGET_B):
+    # the Triton passes take channel chunks of 16 or more: a budget whose chunks are whole channels
+    with torch.no_grad(), chunking.override_budget(LEAN_BUDGET_B if passes == "inductor" else TRITON_BUDGET_B):
         return model(batch, model.layout, recycles=1)
 
 
-def _worker(rank: int, world: int, seed: int, shape: tuple[int, ...]) -> dict:
+def _worker(rank: int, world: int, seed: int, shape: tuple[int, ...], passes: str = "inductor") -> dict:
     names = ("cp",) if len(shape) == 1 else ("cp0", "cp1")
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
-    s_ref, z_ref = _trunk_out("torch", None, seed)  # cp=1: the serial layout, no collectives
-    s, z = _trunk_out("flex", mesh, seed)
+    sizes = TINY_TRITON if passes == "triton" else TINY
+    s_ref, z_ref = _trunk_out("torch", None, seed, sizes=sizes)  # cp=1: the serial layout, no collectives
+    calls = _count_triton_calls() if passes == "triton" else {}
+    s, z = _trunk_out("flex", mesh, seed, passes, sizes)
     layout = layout_from_mesh(mesh)
     n_pad = z.shape[1] * (layout.grid.cp1 if layout.grid is not None else 1)
     rows, cols = layout.rows(n_pad), layout.cols(n_pad)
     k_r, k_c = max(0, min(rows.stop, N) - rows.start), max(0, min(cols.stop, N) - cols.start)
     real_rows, real_cols = slice(rows.start, rows.start + k_r), slice(cols.start, cols.start + k_c)
     return {"z": rel_error(z[:k_r, :k_c], z_ref[real_rows, real_cols]),
-            "s": rel_error(s[:k_r], s_ref[real_rows]), "flex_ran": kernels.active()}
+            "s": rel_error(s[:k_r], s_ref[real_rows]), "flex_ran": kernels.active(), "triton_calls": calls}
+
+
+def _count_triton_calls() -> dict:
+    """Wrap the Triton passes (``ops/fused.py`` looks them up at each call) to count their calls."""
+    from cpbench.models.pairformer.ops import triton_passes
+
+    calls: dict = {}
+    for name in ("norm_linear", "triangle_operands", "triangle_update", "gated_output", "swiglu_transition"):
+        def counted(*args, _fn=getattr(triton_passes, name), _name=name, **kwargs):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _fn(*args, **kwargs)
+        setattr(triton_passes, name, counted)
+    return calls
 
 
 @pytest.mark.parametrize("shape", [(1,), (2,), (2, 2)], ids=["cp1", "cp2", "2x2"])
@@ -61,3 +84,18 @@ def test_flex_trunk_forward_matches_torch_at_cp1(shape):
     for rank, res in enumerate(results):
         assert res["flex_ran"] == "flex"
         assert res["z"] < TOL and res["s"] < TOL, (seed, shape, rank, res)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None or os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="Triton is not installed (pip install triton): its kernels run here in its interpreter")
+@pytest.mark.parametrize("shape", [(1,), (2,), (2, 2)], ids=["cp1", "cp2", "2x2"])
+def test_triton_passes_trunk_forward_matches_torch_at_cp1(shape):
+    """``model.passes=triton`` (every pass over z a Triton kernel, in Triton's CPU interpreter)
+    in the whole trunk, every layout, against the ``torch`` path at cp=1; each kernel ran (the 2d
+    triangle attention runs its own projections: ``ops/triangle_attention_2d.py``)."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    results = run_distributed(_worker, int(torch.tensor(shape).prod()), (seed, shape, "triton"))
+    for rank, res in enumerate(results):
+        assert res["z"] < TOL and res["s"] < TOL, (seed, shape, rank, res)
+        want = {"norm_linear", "triangle_operands", "triangle_update", "swiglu_transition"}
+        assert set(res["triton_calls"]) == want | ({"gated_output"} if len(shape) == 1 else set()), res["triton_calls"]

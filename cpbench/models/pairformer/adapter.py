@@ -97,7 +97,7 @@ class PairformerAdapter:
                  c_atom: int = 128, c_atompair: int = 16, atom_blocks: int = 3, atom_heads: int = 4,
                  c_m: int = 64, msa_blocks: int = 4, sampling: bool = False, sampling_steps: int = 200,
                  samples: int = 5, diffusion: dict | None = None, kernels: str = "auto",
-                 compile_training: bool = True, cuda_graphs: bool = False) -> None:
+                 compile_training: bool = True, cuda_graphs: bool = False, passes: str = "inductor") -> None:
         if dtype not in TORCH_DTYPES and dtype != "auto":
             raise ValueError(f"dtype={dtype!r}: allowed auto, {', '.join(sorted(TORCH_DTYPES))}")
         self.sizes = dict(c_s=c_s, c_z=c_z, blocks=blocks, heads_single=heads_single, heads_tri=heads_tri,
@@ -114,6 +114,9 @@ class PairformerAdapter:
         if kernels not in ops_kernels.KERNELS:
             raise ValueError(f"kernels={kernels!r}: allowed {', '.join(ops_kernels.KERNELS)}")
         self.kernels, self.compile_training = kernels, bool(compile_training)
+        if passes not in ops_kernels.PASSES:
+            raise ValueError(f"passes={passes!r}: allowed {', '.join(ops_kernels.PASSES)}")
+        self.passes = passes
         self.cuda_graphs = bool(cuda_graphs)  # inference at cp=1: the blocks as a replayed CUDA graph
         self._stats: dict[str, Any] = {}
 
@@ -122,6 +125,7 @@ class PairformerAdapter:
         selects this process's kernel backend (``ops/kernels.py``)."""
         ops_kernels.select(self.kernels, torch.device(device))
         ops_kernels.compile_training(self.compile_training)
+        ops_kernels.select_passes(self.passes)
         self.dtype = TORCH_DTYPES[dtypes.resolve(self.dtype_name, torch.device(device).type)[0]]
         model = PairformerTrunk(**self.sizes).to(device=device, dtype=self.dtype)
         model.layout = layout_from_mesh(mesh)
@@ -230,6 +234,9 @@ class PairformerAdapter:
             "kernels": ops_kernels.ran(training=end_s is not None, device=next(model.parameters()).device),
             "compile_s": round(ops_kernels.compile_seconds(), 3),
         }
+        device = next(model.parameters()).device
+        if ops_kernels.passes_ran(training=end_s is not None, device=device):
+            self._stats["passes"] = ops_kernels.passes_ran(training=end_s is not None, device=device)
         if model.graphs is not None:  # model.cuda_graphs: how the last pass's blocks ran
             self._stats["cuda_graphs"] = model.graphs.state
             capture_s = model.graphs.capture_s
@@ -253,7 +260,9 @@ class PairformerAdapter:
         "bytes"}}``, kinds ``comm.KINDS``; the block is the one that sent most); on CUDA,
         where attention pieces were merged (2d), ``attention_lse_kernel`` (``cudnn`` or
         ``efficient``, see ``sdpa_lse``); ``kernels`` (the backend whose ops ran: ``torch``, ``flex`` or
-        ``cueq``; ``torch`` for training under ``flex`` without compiled training, ``kernels.ran``)
+        ``cueq``; ``torch`` for training under ``flex`` without compiled training, ``kernels.ran``),
+        ``passes`` (``triton`` where the passes over z ran as ``ops/triton_passes.py``'s kernels:
+        ``model.passes=triton``, inference under ``flex`` on CUDA; absent otherwise)
         and ``compile_s`` (wall seconds of ``torch.compile`` in this process so far: the first
         calls, which the timing's warmup absorbs); with ``cuda_graphs``, ``cuda_graphs`` (how the
         last pass's blocks ran: ``replay``, ``eager`` or ``capture failed: ...``,

@@ -14,6 +14,11 @@ eager ``+=`` or copy afterwards, and a strided store, where the eager add on a t
 z, as the serial layout's Z^T ops get it, ran at less than half the contiguous add's speed on one
 H200). Near the memory limit (``chunking.near_limit``) each public function here keeps the eager
 add or copy after its compiled pass (the private ``_`` twin that ``kernels.compiled`` wraps).
+
+Under ``model.passes=triton`` (inference, ``flex`` on CUDA: ``kernels.triton_passes``) each public
+function runs its Triton kernel instead (``ops/triton_passes.py``: LayerNorm, projection, gates and
+the residual add in one pass that reads z once, writing in place with no transient tensor), where
+the shapes suit it (``triton_passes.usable``: power-of-two channels); otherwise the compiled region.
 """
 
 from __future__ import annotations
@@ -26,9 +31,27 @@ from cpbench.models.pairformer.ops.layer_norm import layer_norm
 from cpbench.models.pairformer.parallel import chunking
 
 
-@kernels.compiled
+def _on_triton(x: torch.Tensor, *channels: int) -> bool:
+    """Whether ``x``'s pass runs as a Triton kernel (``model.passes=triton``, shapes it takes)."""
+    return kernels.triton_passes(x) and all(_tp().usable(x, c) for c in channels)
+
+
+def _tp():
+    """``ops/triton_passes.py``, imported at its first use (it imports Triton)."""
+    from cpbench.models.pairformer.ops import triton_passes
+
+    return triton_passes
+
+
 def norm_linear(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor | None, w: torch.Tensor) -> torch.Tensor:
     """``LayerNorm(x) @ wᵀ``: ``x: [rows, c]``, ``w: [out, c]`` -> ``[rows, out]``."""
+    if _on_triton(x, x.shape[-1]) and x.dim() <= 3:
+        return _tp().norm_linear(x, ln_w, ln_b, w)
+    return _norm_linear(x, ln_w, ln_b, w)
+
+
+@kernels.compiled
+def _norm_linear(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor | None, w: torch.Tensor) -> torch.Tensor:
     return F.linear(layer_norm(x, (x.shape[-1],), ln_w, ln_b), w)
 
 
@@ -36,6 +59,8 @@ def swiglu_transition(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w
                       w_out: torch.Tensor, residual: bool = False) -> torch.Tensor:
     """The transition's update ``W_out(silu(a) * b)``, ``[a; b] = W_in LN(x)``: ``x: [rows, c]``;
     with ``residual``, ``x += update`` in place and ``x`` returned."""
+    if _on_triton(x, x.shape[-1]) and x.dim() <= 3 and w_out.shape[1] % _tp().BLOCK_H == 0:
+        return _tp().swiglu_transition(x, ln_w, ln_b, w_in, w_out, residual)
     if residual and chunking.near_limit(x):
         return x.add_(_swiglu_transition(x, ln_w, ln_b, w_in, w_out, False))
     return _swiglu_transition(x, ln_w, ln_b, w_in, w_out, residual)
@@ -53,6 +78,8 @@ def gated_output(o: torch.Tensor, g: torch.Tensor, w_out: torch.Tensor,
                  acc: torch.Tensor | None = None) -> torch.Tensor:
     """``W_out(o * sigmoid(g))``: ``o, g: [rows, h·d]`` -> ``[rows, c]``; with ``acc: [rows, c]``,
     ``acc += W_out(...)`` in place and ``acc`` returned."""
+    if _on_triton(o, o.shape[-1], w_out.shape[0]) and o.dim() <= 3:
+        return _tp().gated_output(o, g, w_out, acc)
     if acc is not None and chunking.near_limit(acc):
         return acc.add_(_gated_output(o, g, w_out, None))
     return _gated_output(o, g, w_out, acc)
@@ -73,6 +100,8 @@ def triangle_operands(z: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w
     Returns ``(a, b)``, each ``[k, r, N]`` (channel-first: the layout the product batches over),
     written into ``a_out`` and ``b_out`` (views of the same shape, any strides) when given.
     """
+    if _on_triton(z, z.shape[-1]) and _tp().operand_channels_ok(w.shape[0] // 4):
+        return _tp().triangle_operands(z, ln_w, ln_b, w, mask, a_out, b_out)
     if a_out is not None and chunking.near_limit(z):
         a, b = _triangle_operands(z, ln_w, ln_b, w, mask, None, None)
         return a_out.copy_(a), b_out.copy_(b)
@@ -99,6 +128,8 @@ def triangle_update(x: torch.Tensor, z: torch.Tensor, ln_x_w: torch.Tensor, ln_x
     ``x: [r, N, c]``, ``z: [r, N, c_z]`` -> ``[r, N, c_z]``; with ``residual``, ``z += update``
     in place and ``z`` returned."""
     weights = (ln_x_w, ln_x_b, ln_z_w, ln_z_b, w_out, w_gate)
+    if _on_triton(z, x.shape[-1], z.shape[-1]):
+        return _tp().triangle_update(x, z, *weights, residual)
     if residual and chunking.near_limit(z):
         return z.add_(_triangle_update(x, z, *weights, False))
     return _triangle_update(x, z, *weights, residual)

@@ -49,11 +49,16 @@ from typing import Callable
 import torch
 
 KERNELS = ("auto", "torch", "flex", "cueq")
+# ``model.passes``: what runs the memory-bound passes over z under ``flex`` on CUDA, without
+# autograd: inductor's compiled regions (``ops/fused.py``) or Triton kernels that read z once per op
+# (``ops/triton_passes.py``). Training keeps the compiled regions either way.
+PASSES = ("inductor", "triton")
 # Row-chunk sizes and ops differ per call site: one static compile per shape, more than dynamo's default 8.
 RECOMPILE_LIMIT = 64
 _active = "torch"
 _compile_s = 0.0
 _compile_training = True
+_passes = "inductor"
 
 
 class KernelError(ValueError):
@@ -123,6 +128,29 @@ def compile_training(on: bool) -> None:
     the module docstring)."""
     global _compile_training
     _compile_training = bool(on)
+
+
+def select_passes(name: str) -> None:
+    """Make ``name`` (one of ``PASSES``) this process's choice for the passes over z."""
+    global _passes
+    if name not in PASSES:
+        raise KernelError(f"model.passes={name}: one of {', '.join(PASSES)}")
+    _passes = name
+
+
+def triton_passes(like: torch.Tensor) -> bool:
+    """Whether the Triton passes run for ``like``: ``model.passes=triton`` under ``flex``, on CUDA
+    (or Triton's interpreter), without autograd."""
+    if _passes != "triton" or _active != "flex" or torch.is_grad_enabled():
+        return False
+    from cpbench.models.pairformer.ops import triton_passes as tp  # imports Triton only when chosen
+
+    return like.is_cuda or tp.interpreted()
+
+
+def passes_ran(training: bool, device: torch.device) -> str | None:
+    """``triton`` where a step's passes over z ran as the Triton kernels (``triton_passes``), else None."""
+    return "triton" if _passes == "triton" and _active == "flex" and not training and device.type == "cuda" else None
 
 
 def compiling(like: torch.Tensor | None) -> bool:

@@ -1,0 +1,278 @@
+"""Triton kernels that read the pair tensor once per op: LayerNorm inside the projection, gates
+and the residual add in its epilogue (the ``triton`` choice of ``model.fused_passes``).
+
+Under ``ops/fused.py``'s compiled regions, inductor writes LayerNorm's output, cuBLAS reads it
+back and writes the projections, and another pass applies the gates: about a dozen passes over
+a ``z``-sized tensor per op. Here each kernel loads a tile of ``BLOCK_M`` pair rows with all
+their ``C`` channels (``C`` = 128 for ``z``: the whole LayerNorm fits a tile), normalises it in
+registers, multiplies it by the weights (``tl.dot``, fp32 accumulation) and writes only the op's
+result:
+
+* ``norm_linear``: ``LN(x) @ wᵀ`` (the triangle attention's q/k/v/g and bias projections, the
+  single attention's pair bias);
+* ``triangle_operands``: triangle multiplication's gated, masked ``a`` and ``b``, stored
+  channel-first (``[k, r, N]``) where the product wants them;
+* ``triangle_update``: ``W_out LN(x) * sigmoid(W_g LN(z))`` (+ ``z`` in place), both LayerNorms
+  in one kernel, ``x`` read channel-strided as the product leaves it;
+* ``gated_output``: ``W_out (o * sigmoid(g))`` (+ ``acc`` in place);
+* ``swiglu_transition``: the whole transition, ``W_out (silu(a) * b)`` with ``[a; b] = W_in LN(x)``,
+  hidden channels in chunks that never leave the chip (+ ``x`` in place).
+
+Every tensor is addressed through its strides as ``[R, N, C]`` (any view: the transposed pair of
+the serial layout, row slices, channel-first operands), with 64-bit offsets (pair shards pass
+2**31 elements). Rows are independent, so a kernel may write in place over the rows it read.
+Forward only: training keeps the compiled regions (their backward is inductor's).
+
+``TRITON_INTERPRET=1`` runs these kernels on a CPU (Triton's interpreter, with CPU tensors): the
+parity tests do that (``tests/unit/test_triton_passes.py``), against the ``torch`` functions.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+EPS = 1e-5
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _rows(pid, BLOCK_M: tl.constexpr, M, ncols):
+        """Row indices ``[BLOCK_M]`` (int64) of this program's tile, their (i, j) and mask."""
+        m = pid.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+        return m, m // ncols, m % ncols, m < M
+
+    @triton.jit
+    def _load_normed(x_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C: tl.constexpr, HAS_LNB: tl.constexpr):
+        """The tile ``x[i, j, :]`` ``[BLOCK_M, C]`` in fp32 and its LayerNorm."""
+        c = tl.arange(0, C)
+        x = tl.load(x_ptr + i[:, None] * s0 + j[:, None] * s1 + c[None, :] * sc, mask=ok[:, None], other=0.0)
+        x = x.to(tl.float32)
+        mean = tl.sum(x, axis=1) / C
+        xc = x - mean[:, None]
+        rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / C + eps)
+        y = xc * rstd[:, None] * tl.load(lnw_ptr + c).to(tl.float32)[None, :]
+        if HAS_LNB:
+            y += tl.load(lnb_ptr + c).to(tl.float32)[None, :]
+        return x, y
+
+    @triton.jit
+    def _weight_t(w_ptr, n0, n_out, swn, swk, K: tl.constexpr, BLOCK_N: tl.constexpr):
+        """``w[n0:n0+BLOCK_N, :K]ᵀ`` as ``[K, BLOCK_N]`` (rows past ``n_out`` read as 0)."""
+        n = n0 + tl.arange(0, BLOCK_N)
+        k = tl.arange(0, K)
+        return tl.load(w_ptr + n[None, :] * swn + k[:, None] * swk, mask=(n < n_out)[None, :], other=0.0)
+
+    @triton.jit
+    def _norm_linear_kernel(x_ptr, s0, s1, sc, lnw_ptr, lnb_ptr, w_ptr, swn, swk, o_ptr, o0, o1, oc,
+                            M, ncols, n_out, eps, C: tl.constexpr, HAS_LNB: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+        m, i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
+        n0 = tl.program_id(1) * BLOCK_N
+        _, xn = _load_normed(x_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, HAS_LNB)
+        w = _weight_t(w_ptr, n0, n_out, swn, swk, C, BLOCK_N)
+        acc = tl.dot(xn.to(w.dtype), w, input_precision=PREC)
+        n = n0 + tl.arange(0, BLOCK_N)
+        tl.store(o_ptr + i[:, None] * o0 + j[:, None] * o1 + n[None, :] * oc, acc.to(o_ptr.dtype.element_ty),
+                 mask=ok[:, None] & (n < n_out)[None, :])
+
+    @triton.jit
+    def _triangle_operands_kernel(z_ptr, s0, s1, sc, lnw_ptr, lnb_ptr, w_ptr, swn, swk, mask_ptr, m0, m1,
+                                  a_ptr, a0, a1, a2, b_ptr, b0, b1, b2, M, ncols, k_ch, eps,
+                                  C: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+        """Columns ``n`` of ``[a; b]`` (``2k``): projection row ``n`` of ``w``, gate row ``2k + n``."""
+        m, i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
+        n0 = tl.program_id(1) * BLOCK_N
+        _, zn = _load_normed(z_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, True)
+        zn = zn.to(w_ptr.dtype.element_ty)
+        p = tl.dot(zn, _weight_t(w_ptr, n0, 2 * k_ch, swn, swk, C, BLOCK_N), input_precision=PREC)
+        g = tl.dot(zn, _weight_t(w_ptr, 2 * k_ch + n0, 4 * k_ch, swn, swk, C, BLOCK_N), input_precision=PREC)
+        mask = tl.load(mask_ptr + i * m0 + j * m1, mask=ok, other=0.0).to(tl.float32)
+        val = p * tl.sigmoid(g) * mask[:, None]
+        n = n0 + tl.arange(0, BLOCK_N)
+        if n0 < k_ch:  # a tile of a (BLOCK_N divides k)
+            ptrs = a_ptr + n[None, :] * a0 + i[:, None] * a1 + j[:, None] * a2
+            tl.store(ptrs, val.to(a_ptr.dtype.element_ty), mask=ok[:, None])
+        else:
+            ptrs = b_ptr + (n - k_ch)[None, :] * b0 + i[:, None] * b1 + j[:, None] * b2
+            tl.store(ptrs, val.to(b_ptr.dtype.element_ty), mask=ok[:, None])
+
+    @triton.jit
+    def _triangle_update_kernel(x_ptr, x0, x1, xc, z_ptr, z0, z1, zc, lnxw_ptr, lnxb_ptr, lnzw_ptr, lnzb_ptr,
+                                wo_ptr, swo_n, swo_k, wg_ptr, swg_n, swg_k, o_ptr, o0, o1, oc, M, ncols, eps,
+                                CX: tl.constexpr, C: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                                PREC: tl.constexpr):
+        m, i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
+        _, xn = _load_normed(x_ptr, i, j, ok, x0, x1, xc, lnxw_ptr, lnxb_ptr, eps, CX, True)
+        z, zn = _load_normed(z_ptr, i, j, ok, z0, z1, zc, lnzw_ptr, lnzb_ptr, eps, C, True)
+        wo = _weight_t(wo_ptr, 0, C, swo_n, swo_k, CX, C)
+        wg = _weight_t(wg_ptr, 0, C, swg_n, swg_k, C, C)
+        upd = tl.dot(xn.to(wo.dtype), wo, input_precision=PREC) * tl.sigmoid(tl.dot(zn.to(wg.dtype), wg, input_precision=PREC))
+        if RESIDUAL:
+            upd += z
+        c = tl.arange(0, C)
+        tl.store(o_ptr + i[:, None] * o0 + j[:, None] * o1 + c[None, :] * oc, upd.to(o_ptr.dtype.element_ty),
+                 mask=ok[:, None])
+
+    @triton.jit
+    def _gated_output_kernel(o_ptr, q0, q1, qc, g_ptr, g0, g1, gc, w_ptr, swn, swk, acc_ptr, a0, a1, ac,
+                             out_ptr, u0, u1, uc, M, ncols, K: tl.constexpr, C: tl.constexpr,
+                             RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr):
+        m, i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
+        k = tl.arange(0, K)
+        o = tl.load(o_ptr + i[:, None] * q0 + j[:, None] * q1 + k[None, :] * qc, mask=ok[:, None], other=0.0)
+        g = tl.load(g_ptr + i[:, None] * g0 + j[:, None] * g1 + k[None, :] * gc, mask=ok[:, None], other=0.0)
+        h = o.to(tl.float32) * tl.sigmoid(g.to(tl.float32))
+        w = _weight_t(w_ptr, 0, C, swn, swk, K, C)
+        upd = tl.dot(h.to(w.dtype), w, input_precision=PREC)
+        c = tl.arange(0, C)
+        if RESIDUAL:
+            upd += tl.load(acc_ptr + i[:, None] * a0 + j[:, None] * a1 + c[None, :] * ac, mask=ok[:, None],
+                           other=0.0).to(tl.float32)
+        tl.store(out_ptr + i[:, None] * u0 + j[:, None] * u1 + c[None, :] * uc, upd.to(out_ptr.dtype.element_ty),
+                 mask=ok[:, None])
+
+    @triton.jit
+    def _swiglu_kernel(x_ptr, s0, s1, sc, lnw_ptr, lnb_ptr, wi_ptr, swi_n, swi_k, wo_ptr, swo_n, swo_k,
+                       o_ptr, o0, o1, oc, M, ncols, hidden, eps, C: tl.constexpr, RESIDUAL: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, PREC: tl.constexpr):
+        """``hidden`` channels in chunks of ``BLOCK_H``: ``a`` is ``W_in`` rows ``[h, h+BLOCK_H)``,
+        ``b`` rows ``hidden + [h, h+BLOCK_H)``; the chunk's ``silu(a) * b`` meets ``W_out[:, h:...]``."""
+        m, i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
+        x, xn = _load_normed(x_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, True)
+        xn = xn.to(wi_ptr.dtype.element_ty)
+        acc = tl.zeros((BLOCK_M, C), dtype=tl.float32)
+        hh = tl.arange(0, BLOCK_H)
+        c = tl.arange(0, C)
+        for h0 in range(0, hidden, BLOCK_H):
+            a = tl.dot(xn, _weight_t(wi_ptr, h0, hidden, swi_n, swi_k, C, BLOCK_H), input_precision=PREC)
+            b = tl.dot(xn, _weight_t(wi_ptr, hidden + h0, 2 * hidden, swi_n, swi_k, C, BLOCK_H), input_precision=PREC)
+            act = (a * tl.sigmoid(a) * b).to(wo_ptr.dtype.element_ty)
+            # W_out[:, h0:h0+BLOCK_H]ᵀ as [BLOCK_H, C]
+            wo = tl.load(wo_ptr + c[None, :] * swo_n + (h0 + hh)[:, None] * swo_k)
+            acc = tl.dot(act, wo, acc, input_precision=PREC)
+        if RESIDUAL:
+            acc += x
+        tl.store(o_ptr + i[:, None] * o0 + j[:, None] * o1 + c[None, :] * oc, acc.to(o_ptr.dtype.element_ty),
+                 mask=ok[:, None])
+
+
+def _as3(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as ``[R, N, C]``: a 2D ``[rows, C]`` gets R=1 (a view; strides kept)."""
+    return t.unsqueeze(0) if t.dim() == 2 else t
+
+
+def _prec(t: torch.Tensor) -> str:
+    """``tl.dot``'s input precision: exact for fp32 (no TF32: the parity reference), else the
+    tensor cores' native bf16/fp16."""
+    return "ieee" if t.dtype == torch.float32 else "tf32"
+
+
+def _grid_rows(M: int, block_m: int) -> int:
+    return triton.cdiv(M, block_m)
+
+
+def interpreted() -> bool:
+    """Whether Triton runs its interpreter (``TRITON_INTERPRET=1``: CPU tensors, the tests)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def usable(t: torch.Tensor, channels: int) -> bool:
+    """Whether these kernels can run for ``t`` with ``channels`` channels per row: Triton present,
+    ``t`` on CUDA (or interpreted), a power-of-two ``channels`` from 16 to 256, fp32/bf16/fp16."""
+    return (HAS_TRITON and (t.is_cuda or interpreted()) and 16 <= channels <= 256
+            and channels & (channels - 1) == 0 and t.dtype in (torch.float32, torch.bfloat16, torch.float16))
+
+
+# Tile sizes: BLOCK_M rows of all C channels per program. 64 rows keep the fp32 tile, its
+# LayerNorm and a [64, 128] accumulator within one SM's registers at 4 warps.
+BLOCK_M = 64
+BLOCK_N = 64
+BLOCK_H = 64
+
+
+def norm_linear(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor | None, w: torch.Tensor) -> torch.Tensor:
+    """``LayerNorm(x) @ wᵀ``: ``x: [R, N, C]`` or ``[rows, C]``, ``w: [out, C]`` -> ``[..., out]``."""
+    x3 = _as3(x)
+    R, N, C = x3.shape
+    out = torch.empty((*x.shape[:-1], w.shape[0]), dtype=x.dtype, device=x.device)
+    o3 = _as3(out)
+    M = R * N
+    block_n = max(16, min(BLOCK_N, triton.next_power_of_2(w.shape[0])))
+    grid = (_grid_rows(M, BLOCK_M), triton.cdiv(w.shape[0], block_n))
+    _norm_linear_kernel[grid](x3, *x3.stride(), ln_w, ln_b if ln_b is not None else ln_w, w.to(x.dtype), *w.stride(),
+                              o3, *o3.stride(), M, N, w.shape[0], EPS, C=C, HAS_LNB=ln_b is not None,
+                              BLOCK_M=BLOCK_M, BLOCK_N=block_n, PREC=_prec(x))
+    return out
+
+
+def triangle_operands(z: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w: torch.Tensor,
+                      mask: torch.Tensor, a_out: torch.Tensor | None = None,
+                      b_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ops.fused.triangle_operands``: ``z: [r, N, C]``, ``w: [4k, C]``, ``mask: [r, N]`` ->
+    ``(a, b)`` each ``[k, r, N]`` (into ``a_out``/``b_out`` when given). Needs ``k`` a multiple of 16."""
+    r, n, C = z.shape
+    k = w.shape[0] // 4
+    a = a_out if a_out is not None else z.new_empty((k, r, n))
+    b = b_out if b_out is not None else z.new_empty((k, r, n))
+    block_n = min(BLOCK_N, k)
+    grid = (_grid_rows(r * n, BLOCK_M), 2 * k // block_n)
+    _triangle_operands_kernel[grid](z, *z.stride(), ln_w, ln_b, w.to(z.dtype), *w.stride(), mask, *mask.stride(),
+                                    a, *a.stride(), b, *b.stride(), r * n, n, k, EPS, C=C,
+                                    BLOCK_M=BLOCK_M, BLOCK_N=block_n, PREC=_prec(z))
+    return a, b
+
+
+def operand_channels_ok(k: int) -> bool:
+    """Whether ``triangle_operands`` takes a chunk of ``k`` channels (tiles of ``min(64, k)`` columns
+    that never straddle ``a`` and ``b``)."""
+    return k >= 16 and k % min(BLOCK_N, k) == 0 and k & (k - 1) == 0
+
+
+def triangle_update(x: torch.Tensor, z: torch.Tensor, ln_x_w: torch.Tensor, ln_x_b: torch.Tensor,
+                    ln_z_w: torch.Tensor, ln_z_b: torch.Tensor, w_out: torch.Tensor, w_gate: torch.Tensor,
+                    residual: bool = False) -> torch.Tensor:
+    """``ops.fused.triangle_update``: ``x: [r, N, c]`` (any strides), ``z: [r, N, C]`` ->
+    ``[r, N, C]``; with ``residual`` the sum is written into ``z``."""
+    r, n, C = z.shape
+    out = z if residual else torch.empty_like(z)
+    _triangle_update_kernel[(_grid_rows(r * n, BLOCK_M),)](
+        x, *x.stride(), z, *z.stride(), ln_x_w, ln_x_b, ln_z_w, ln_z_b, w_out.to(z.dtype), *w_out.stride(),
+        w_gate.to(z.dtype), *w_gate.stride(), out, *out.stride(), r * n, n, EPS, CX=x.shape[-1], C=C,
+        RESIDUAL=residual, BLOCK_M=BLOCK_M, PREC=_prec(z))
+    return out
+
+
+def gated_output(o: torch.Tensor, g: torch.Tensor, w_out: torch.Tensor, acc: torch.Tensor | None = None) -> torch.Tensor:
+    """``ops.fused.gated_output``: ``o, g: [r, N, K]`` -> ``[r, N, C]``; with ``acc`` the sum is
+    written into ``acc``."""
+    o3, g3 = _as3(o), _as3(g)
+    R, N, K = o3.shape
+    C = w_out.shape[0]
+    out = acc if acc is not None else torch.empty((*o.shape[:-1], C), dtype=o.dtype, device=o.device)
+    u3 = _as3(out)
+    a3 = u3 if acc is None else _as3(acc)
+    _gated_output_kernel[(_grid_rows(R * N, BLOCK_M),)](
+        o3, *o3.stride(), g3, *g3.stride(), w_out.to(o.dtype), *w_out.stride(), a3, *a3.stride(), u3, *u3.stride(),
+        R * N, N, K=K, C=C, RESIDUAL=acc is not None, BLOCK_M=BLOCK_M, PREC=_prec(o))
+    return out
+
+
+def swiglu_transition(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w_in: torch.Tensor,
+                      w_out: torch.Tensor, residual: bool = False) -> torch.Tensor:
+    """``ops.fused.swiglu_transition``: ``x: [r, N, C]`` or ``[rows, C]``, ``w_in: [2H, C]``,
+    ``w_out: [C, H]`` -> ``[..., C]``; with ``residual`` the sum is written into ``x``."""
+    x3 = _as3(x)
+    R, N, C = x3.shape
+    hidden = w_out.shape[1]
+    out = x if residual else torch.empty_like(x)
+    o3 = _as3(out)
+    _swiglu_kernel[(_grid_rows(R * N, BLOCK_M),)](
+        x3, *x3.stride(), ln_w, ln_b, w_in.to(x.dtype), *w_in.stride(), w_out.to(x.dtype), *w_out.stride(),
+        o3, *o3.stride(), R * N, N, hidden, EPS, C=C, RESIDUAL=residual, BLOCK_M=BLOCK_M, BLOCK_H=BLOCK_H, PREC=_prec(x))
+    return out

@@ -1,0 +1,124 @@
+"""The Triton pair passes (``ops/triton_passes.py``) against the eager ``torch`` functions of
+``ops/fused.py``, on fresh random inputs and on the strided views the block hands them (the
+transposed pair, channel-first operands, row slices), in Triton's interpreter on the CPU
+(``TRITON_INTERPRET=1``, set by the conftest where no GPU is present). On a GPU the same
+comparisons, at the model's sizes, are ``scripts/kernel_parity.py --passes``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cpbench.models.pairformer.ops import fused, triton_passes
+
+pytestmark = pytest.mark.skipif(
+    not triton_passes.HAS_TRITON or not (triton_passes.interpreted() or torch.cuda.is_available()),
+    reason="Triton is not installed (pip install triton), or neither a GPU nor TRITON_INTERPRET=1")
+
+DEVICE = "cuda" if torch.cuda.is_available() and not triton_passes.interpreted() else "cpu"
+C = 32          # pair channels (a power of two: one tile row holds them all)
+R, N = 3, 37    # 111 pair rows: a partial last tile of 64
+TOL = dict(atol=2e-5, rtol=2e-5)
+
+
+def randn(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, device=DEVICE)
+
+
+def ln_params(c: int = C) -> tuple[torch.Tensor, torch.Tensor]:
+    return 1 + 0.3 * randn(c), 0.3 * randn(c)
+
+
+def weight(out: int, inp: int) -> torch.Tensor:
+    return randn(out, inp) / inp ** 0.5
+
+
+def pair(transposed: bool) -> torch.Tensor:
+    """``[R, N, C]`` rows of z; transposed: a ``[N, R, C]`` tensor's transposed view."""
+    return randn(N, R, C).transpose(0, 1) if transposed else randn(R, N, C)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("out, ln_bias", [(4 * C, True), (4, True), (16, False)])
+def test_norm_linear(transposed, out, ln_bias):
+    z, (ln_w, ln_b), w = pair(transposed), ln_params(), weight(out, C)
+    ln_b = ln_b if ln_bias else None
+    torch.testing.assert_close(triton_passes.norm_linear(z, ln_w, ln_b, w), fused.norm_linear(z, ln_w, ln_b, w), **TOL)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("k", [16, C])
+def test_triangle_operands_into_channel_first_buffers(transposed, k):
+    z, (ln_w, ln_b), w = pair(transposed), ln_params(), weight(4 * k, C)
+    mask = (torch.rand(R, N, device=DEVICE) > 0.2).float()
+    want_a, want_b = fused.triangle_operands(z, ln_w, ln_b, w, mask)
+    scratch = torch.full((2 * k + 3, R + 2, N), float("nan"), device=DEVICE)  # views into a larger buffer
+    a_out, b_out = scratch[:k, 1:R + 1], scratch[k + 3:, 2:]
+    a, b = triton_passes.triangle_operands(z, ln_w, ln_b, w, mask, a_out, b_out)
+    assert a.data_ptr() == a_out.data_ptr() and b.data_ptr() == b_out.data_ptr()
+    torch.testing.assert_close(a, want_a, **TOL)
+    torch.testing.assert_close(b, want_b, **TOL)
+    assert torch.isnan(scratch[k:k + 3]).all()  # nothing written outside the views
+    fresh_a, fresh_b = triton_passes.triangle_operands(z, ln_w, ln_b, w, mask)
+    torch.testing.assert_close(fresh_a, want_a, **TOL)
+    torch.testing.assert_close(fresh_b, want_b, **TOL)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_triangle_update_reads_the_product_channel_first(residual):
+    x = randn(C, R, N).permute(1, 2, 0)  # the product's [c, r, N] as [r, N, c]
+    z = pair(transposed=True)
+    (lx_w, lx_b), (lz_w, lz_b), w_out, w_gate = ln_params(), ln_params(), weight(C, C), weight(C, C)
+    want = z + fused.triangle_update(x, z, lx_w, lx_b, lz_w, lz_b, w_out, w_gate)
+    got = triton_passes.triangle_update(x, z.clone() if not residual else z, lx_w, lx_b, lz_w, lz_b, w_out, w_gate,
+                                        residual)
+    if residual:
+        assert got.data_ptr() == z.data_ptr()
+        torch.testing.assert_close(z, want, **TOL)
+    else:
+        torch.testing.assert_close(got + z, want, **TOL)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_gated_output_from_strided_gates(residual):
+    qkvg = randn(R, N, 4 * C)
+    o, g = randn(R, C, N).transpose(1, 2), qkvg[..., 3 * C:]  # attention's output view, g a slice
+    w_out, acc = weight(C, C), pair(transposed=True)
+    want = acc + fused.gated_output(o, g, w_out)
+    got = triton_passes.gated_output(o, g, w_out, acc if residual else None)
+    if residual:
+        assert got.data_ptr() == acc.data_ptr()
+        torch.testing.assert_close(acc, want, **TOL)
+    else:
+        torch.testing.assert_close(got + acc, want, **TOL)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("rows_2d", [False, True])
+def test_swiglu_transition(residual, rows_2d):
+    x = randn(R * N, C) if rows_2d else pair(transposed=True)
+    (ln_w, ln_b), w_in, w_out = ln_params(), weight(8 * C, C), weight(C, 4 * C)
+    want = x + fused.swiglu_transition(x, ln_w, ln_b, w_in, w_out)
+    got = triton_passes.swiglu_transition(x, ln_w, ln_b, w_in, w_out, residual)
+    if residual:
+        assert got.data_ptr() == x.data_ptr()
+        torch.testing.assert_close(x, want, **TOL)
+    else:
+        torch.testing.assert_close(got + x, want, **TOL)
+
+
+# Triton's interpreter computes tl.dot in numpy, which has no bf16 (bf16 products come out as
+# garbage there, 2026-12-05, triton 3.9); fp16 takes the same half-precision path through the kernels.
+HALF = torch.float16 if DEVICE == "cpu" else torch.bfloat16
+
+
+def test_half_precision_within_the_reference_rounding():
+    """Half-precision inputs: the kernels accumulate in fp32 and round once; the eager path rounds
+    after each op. Both against an fp32 computation of the same inputs: the kernel is no further."""
+    z = pair(transposed=False).to(HALF)
+    (ln_w, ln_b), w_in, w_out = ln_params(), weight(8 * C, C), weight(C, 4 * C)
+    params = [t.to(HALF) for t in (ln_w, ln_b, w_in, w_out)]
+    exact = fused.swiglu_transition(z.float(), *[t.float() for t in params])
+    eager_err = (fused.swiglu_transition(z, *params).float() - exact).abs().max()
+    kernel_err = (triton_passes.swiglu_transition(z, *params).float() - exact).abs().max()
+    assert kernel_err <= eager_err * 1.01 + 1e-6, (kernel_err, eager_err)
