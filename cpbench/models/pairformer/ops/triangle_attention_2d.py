@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from cpbench.models.pairformer.ops.biased_attention import biased_attention_lse
+from cpbench.models.pairformer.ops.fused import gated_output
 from cpbench.models.pairformer.parallel import chunking, comm
 from cpbench.models.pairformer.parallel.layout import Layout
 from cpbench.models.pairformer.parallel.padding import key_bias
@@ -22,12 +23,12 @@ from cpbench.models.pairformer.parallel.transpose import transpose_tiles
 def _tri_bias_tile(mod, z: torch.Tensor) -> torch.Tensor:
     """Local triangle bias ``[R(j), C(k), h]`` from the tile (row-chunked without autograd)."""
     if torch.is_grad_enabled():
-        return mod.bias_proj(mod.norm(z))
+        return mod._norm_linear(z, mod.bias_proj)
     n_rows, n_cols, c_z = z.shape
     out = z.new_empty((n_rows, n_cols, mod.heads))
     rc = chunking.rows_per_chunk(n_rows, n_cols * 2 * c_z * z.element_size(), chunking.budget_bytes(z))
     for rs in chunking.slices(n_rows, rc):
-        out[rs] = mod.bias_proj(mod.norm(z[rs]))
+        out[rs] = mod._norm_linear(z[rs], mod.bias_proj)
     return out
 
 
@@ -130,22 +131,22 @@ def triangle_attention_2d(mod, z: torch.Tensor, token_mask: torch.Tensor, layout
         kk = token_mask.shape[0] // max(grid.cp0, grid.cp1)
         per_row_b = n_cols * h * (16 * kk + 24 * d)
         rc = comm.agree_min(chunking.rows_per_chunk(n_rows, per_row_b, chunking.budget_bytes(z)), layout, z)
-        q, k, v, g = mod.qkvg(mod.norm(z)).view(n_rows, n_cols, 4, h, d).unbind(2)
+        q, k, v, g = mod._norm_linear(z, mod.qkvg).view(n_rows, n_cols, 4, h, d).unbind(2)
         kv = torch.stack([k.transpose(1, 2), v.transpose(1, 2)])  # [2, R, h, C(k), d]
         o = _RingAttention.apply(q.transpose(1, 2).contiguous(), kv, bias_t, key_b, walk, rc)
-        o = o.transpose(1, 2) * torch.sigmoid(g)  # [R, C, h, d]
-        return z + mod.out(o.reshape(n_rows, n_cols, h * d))
+        return z + gated_output(o.transpose(1, 2).reshape(n_rows, n_cols, h * d), g.reshape(n_rows, n_cols, h * d),
+                                mod.out.weight)
     # Per row: normed z, q/k/v/g, two key/value tiles (double buffer) plus the skewed copy, the
     # fp32 accumulator and piece output.
     per_row_b = n_cols * (2 * c_z * es + 12 * h * d * es + 12 * h * d)
     rc = comm.agree_min(chunking.rows_per_chunk(n_rows, per_row_b, chunking.budget_bytes(z)), layout, z)
     for rs in chunking.slices(n_rows, rc):
         r = rs.stop - rs.start
-        q, k, v, g = mod.qkvg(mod.norm(z[rs])).view(r, n_cols, 4, h, d).unbind(2)
+        q, k, v, g = mod._norm_linear(z[rs], mod.qkvg).view(r, n_cols, 4, h, d).unbind(2)
         kv = torch.stack([k.transpose(1, 2), v.transpose(1, 2)])  # [2, r, h, C(k), d]
         del k, v
         acc, _ = _ring_attention(q.transpose(1, 2).contiguous(), kv, bias_t, key_b, walk)
         del kv
-        o = acc.to(z.dtype).transpose(1, 2) * torch.sigmoid(g)  # [r, C, h, d]
-        z[rs] += mod.out(o.reshape(r, n_cols, h * d))
+        o = acc.to(z.dtype).transpose(1, 2).reshape(r, n_cols, h * d)  # [r, C, h·d]
+        gated_output(o, g.reshape(r, n_cols, h * d), mod.out.weight, z[rs])  # z[rs] += W_out(o * sigmoid(g))
     return z
