@@ -18,7 +18,9 @@ result:
 * ``swiglu_transition``: the whole transition, ``W_out (silu(a) * b)`` with ``[a; b] = W_in LN(x)``,
   hidden channels in chunks that never leave the chip (+ ``x`` in place).
 
-Every tensor is addressed through its strides as ``[R, N, C]`` (any view: the transposed pair of
+A program owns ``BLOCK_M`` rows: it loads and normalises them once and loops over the output
+columns (or, in the transition, the hidden channels) in blocks, so z is read once whatever the
+width of the projection. Every tensor is addressed through its strides as ``[R, N, C]`` (any view: the transposed pair of
 the serial layout, row slices, channel-first operands), with 64-bit offsets (pair shards pass
 2**31 elements). Rows are independent, so a kernel may write in place over the rows it read.
 Forward only: training keeps the compiled regions (their backward is inductor's).
@@ -72,35 +74,37 @@ if HAS_TRITON:
     def _norm_linear_kernel(x_ptr, s0, s1, sc, lnw_ptr, lnb_ptr, w_ptr, swn, swk, o_ptr, o0, o1, oc,
                             M, ncols, n_out, eps, C: tl.constexpr, HAS_LNB: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+        """One tile of rows, normalised once, against every ``BLOCK_N`` columns of ``w`` in turn."""
         m, i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
-        n0 = tl.program_id(1) * BLOCK_N
         _, xn = _load_normed(x_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, HAS_LNB)
-        w = _weight_t(w_ptr, n0, n_out, swn, swk, C, BLOCK_N)
-        acc = tl.dot(xn.to(w.dtype), w, input_precision=PREC)
-        n = n0 + tl.arange(0, BLOCK_N)
-        tl.store(o_ptr + i[:, None] * o0 + j[:, None] * o1 + n[None, :] * oc, acc.to(o_ptr.dtype.element_ty),
-                 mask=ok[:, None] & (n < n_out)[None, :])
+        xn = xn.to(w_ptr.dtype.element_ty)
+        for n0 in range(0, n_out, BLOCK_N):
+            acc = tl.dot(xn, _weight_t(w_ptr, n0, n_out, swn, swk, C, BLOCK_N), input_precision=PREC)
+            n = n0 + tl.arange(0, BLOCK_N)
+            tl.store(o_ptr + i[:, None] * o0 + j[:, None] * o1 + n[None, :] * oc, acc.to(o_ptr.dtype.element_ty),
+                     mask=ok[:, None] & (n < n_out)[None, :])
 
     @triton.jit
     def _triangle_operands_kernel(z_ptr, s0, s1, sc, lnw_ptr, lnb_ptr, w_ptr, swn, swk, mask_ptr, m0, m1,
                                   a_ptr, a0, a1, a2, b_ptr, b0, b1, b2, M, ncols, k_ch, eps,
                                   C: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
-        """Columns ``n`` of ``[a; b]`` (``2k``): projection row ``n`` of ``w``, gate row ``2k + n``."""
+        """``w: [4k, C]`` = projections of a, of b, gates of a, of b; ``BLOCK_N`` channels of each in turn."""
         m, i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
-        n0 = tl.program_id(1) * BLOCK_N
         _, zn = _load_normed(z_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, True)
         zn = zn.to(w_ptr.dtype.element_ty)
-        p = tl.dot(zn, _weight_t(w_ptr, n0, 2 * k_ch, swn, swk, C, BLOCK_N), input_precision=PREC)
-        g = tl.dot(zn, _weight_t(w_ptr, 2 * k_ch + n0, 4 * k_ch, swn, swk, C, BLOCK_N), input_precision=PREC)
-        mask = tl.load(mask_ptr + i * m0 + j * m1, mask=ok, other=0.0).to(tl.float32)
-        val = p * tl.sigmoid(g) * mask[:, None]
-        n = n0 + tl.arange(0, BLOCK_N)
-        if n0 < k_ch:  # a tile of a (BLOCK_N divides k)
-            ptrs = a_ptr + n[None, :] * a0 + i[:, None] * a1 + j[:, None] * a2
-            tl.store(ptrs, val.to(a_ptr.dtype.element_ty), mask=ok[:, None])
-        else:
-            ptrs = b_ptr + (n - k_ch)[None, :] * b0 + i[:, None] * b1 + j[:, None] * b2
-            tl.store(ptrs, val.to(b_ptr.dtype.element_ty), mask=ok[:, None])
+        mask = tl.load(mask_ptr + i * m0 + j * m1, mask=ok, other=0.0).to(tl.float32)[:, None]
+        for n0 in range(0, k_ch, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            pa = tl.dot(zn, _weight_t(w_ptr, n0, 4 * k_ch, swn, swk, C, BLOCK_N), input_precision=PREC)
+            ga = tl.dot(zn, _weight_t(w_ptr, 2 * k_ch + n0, 4 * k_ch, swn, swk, C, BLOCK_N), input_precision=PREC)
+            a = pa * tl.sigmoid(ga) * mask
+            tl.store(a_ptr + n[None, :] * a0 + i[:, None] * a1 + j[:, None] * a2, a.to(a_ptr.dtype.element_ty),
+                     mask=ok[:, None])
+            pb = tl.dot(zn, _weight_t(w_ptr, k_ch + n0, 4 * k_ch, swn, swk, C, BLOCK_N), input_precision=PREC)
+            gb = tl.dot(zn, _weight_t(w_ptr, 3 * k_ch + n0, 4 * k_ch, swn, swk, C, BLOCK_N), input_precision=PREC)
+            b = pb * tl.sigmoid(gb) * mask
+            tl.store(b_ptr + n[None, :] * b0 + i[:, None] * b1 + j[:, None] * b2, b.to(b_ptr.dtype.element_ty),
+                     mask=ok[:, None])
 
     @triton.jit
     def _triangle_update_kernel(x_ptr, x0, x1, xc, z_ptr, z0, z1, zc, lnxw_ptr, lnxb_ptr, lnzw_ptr, lnzb_ptr,
@@ -204,10 +208,10 @@ def norm_linear(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor | None, 
     o3 = _as3(out)
     M = R * N
     block_n = max(16, min(BLOCK_N, triton.next_power_of_2(w.shape[0])))
-    grid = (_grid_rows(M, BLOCK_M), triton.cdiv(w.shape[0], block_n))
-    _norm_linear_kernel[grid](x3, *x3.stride(), ln_w, ln_b if ln_b is not None else ln_w, w.to(x.dtype), *w.stride(),
-                              o3, *o3.stride(), M, N, w.shape[0], EPS, C=C, HAS_LNB=ln_b is not None,
-                              BLOCK_M=BLOCK_M, BLOCK_N=block_n, PREC=_prec(x))
+    _norm_linear_kernel[(_grid_rows(M, BLOCK_M),)](
+        x3, *x3.stride(), ln_w, ln_b if ln_b is not None else ln_w, w.to(x.dtype), *w.stride(),
+        o3, *o3.stride(), M, N, w.shape[0], EPS, C=C, HAS_LNB=ln_b is not None,
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, PREC=_prec(x))
     return out
 
 
@@ -221,16 +225,15 @@ def triangle_operands(z: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w
     a = a_out if a_out is not None else z.new_empty((k, r, n))
     b = b_out if b_out is not None else z.new_empty((k, r, n))
     block_n = min(BLOCK_N, k)
-    grid = (_grid_rows(r * n, BLOCK_M), 2 * k // block_n)
-    _triangle_operands_kernel[grid](z, *z.stride(), ln_w, ln_b, w.to(z.dtype), *w.stride(), mask, *mask.stride(),
-                                    a, *a.stride(), b, *b.stride(), r * n, n, k, EPS, C=C,
-                                    BLOCK_M=BLOCK_M, BLOCK_N=block_n, PREC=_prec(z))
+    _triangle_operands_kernel[(_grid_rows(r * n, BLOCK_M),)](
+        z, *z.stride(), ln_w, ln_b, w.to(z.dtype), *w.stride(), mask, *mask.stride(),
+        a, *a.stride(), b, *b.stride(), r * n, n, k, EPS, C=C, BLOCK_M=BLOCK_M, BLOCK_N=block_n, PREC=_prec(z))
     return a, b
 
 
 def operand_channels_ok(k: int) -> bool:
-    """Whether ``triangle_operands`` takes a chunk of ``k`` channels (tiles of ``min(64, k)`` columns
-    that never straddle ``a`` and ``b``)."""
+    """Whether ``triangle_operands`` takes a chunk of ``k`` channels (steps of ``min(64, k)``
+    channels, 16 at least: ``tl.dot``'s smallest tile)."""
     return k >= 16 and k % min(BLOCK_N, k) == 0 and k & (k - 1) == 0
 
 
