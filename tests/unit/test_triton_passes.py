@@ -2,7 +2,7 @@
 ``ops/fused.py``, on fresh random inputs and on the strided views the block hands them (the
 transposed pair, channel-first operands, row slices), in Triton's interpreter on the CPU
 (``TRITON_INTERPRET=1``, set by the conftest where no GPU is present). On a GPU the same
-comparisons, at the model's sizes, are ``scripts/kernel_parity.py --passes``."""
+comparisons, at the model's sizes, are ``scripts/kernel_parity.py --backends flex+triton``."""
 
 from __future__ import annotations
 
