@@ -171,6 +171,13 @@ def _as3(t: torch.Tensor) -> torch.Tensor:
     return t.unsqueeze(0) if t.dim() == 2 else t
 
 
+def _launch(t: torch.Tensor) -> dict:
+    """Tile rows and pipeline stages: fp32 tiles of 64 rows with the default stages overflowed an
+    H200's 227 KiB of shared memory (311 KiB asked, triangle_operands, 2026-12-05); fp32 is the
+    parity reference, so it gets 32 rows and one stage."""
+    return dict(BLOCK_M=32, num_stages=1) if t.dtype == torch.float32 else dict(BLOCK_M=BLOCK_M)
+
+
 def _prec(t: torch.Tensor) -> str:
     """``tl.dot``'s input precision: exact for fp32 (no TF32: the parity reference), else the
     tensor cores' native bf16/fp16."""
@@ -208,10 +215,10 @@ def norm_linear(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor | None, 
     o3 = _as3(out)
     M = R * N
     block_n = max(16, min(BLOCK_N, triton.next_power_of_2(w.shape[0])))
-    _norm_linear_kernel[(_grid_rows(M, BLOCK_M),)](
+    _norm_linear_kernel[(_grid_rows(M, _launch(x)["BLOCK_M"]),)](
         x3, *x3.stride(), ln_w, ln_b if ln_b is not None else ln_w, w.to(x.dtype), *w.stride(),
         o3, *o3.stride(), M, N, w.shape[0], EPS, C=C, HAS_LNB=ln_b is not None,
-        BLOCK_M=BLOCK_M, BLOCK_N=block_n, PREC=_prec(x))
+        BLOCK_N=block_n, PREC=_prec(x), **_launch(x))
     return out
 
 
@@ -225,9 +232,9 @@ def triangle_operands(z: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w
     a = a_out if a_out is not None else z.new_empty((k, r, n))
     b = b_out if b_out is not None else z.new_empty((k, r, n))
     block_n = min(BLOCK_N, k)
-    _triangle_operands_kernel[(_grid_rows(r * n, BLOCK_M),)](
+    _triangle_operands_kernel[(_grid_rows(r * n, _launch(z)["BLOCK_M"]),)](
         z, *z.stride(), ln_w, ln_b, w.to(z.dtype), *w.stride(), mask, *mask.stride(),
-        a, *a.stride(), b, *b.stride(), r * n, n, k, EPS, C=C, BLOCK_M=BLOCK_M, BLOCK_N=block_n, PREC=_prec(z))
+        a, *a.stride(), b, *b.stride(), r * n, n, k, EPS, C=C, BLOCK_N=block_n, PREC=_prec(z), **_launch(z))
     return a, b
 
 
@@ -244,10 +251,10 @@ def triangle_update(x: torch.Tensor, z: torch.Tensor, ln_x_w: torch.Tensor, ln_x
     ``[r, N, C]``; with ``residual`` the sum is written into ``z``."""
     r, n, C = z.shape
     out = z if residual else torch.empty_like(z)
-    _triangle_update_kernel[(_grid_rows(r * n, BLOCK_M),)](
+    _triangle_update_kernel[(_grid_rows(r * n, _launch(z)["BLOCK_M"]),)](
         x, *x.stride(), z, *z.stride(), ln_x_w, ln_x_b, ln_z_w, ln_z_b, w_out.to(z.dtype), *w_out.stride(),
         w_gate.to(z.dtype), *w_gate.stride(), out, *out.stride(), r * n, n, EPS, CX=x.shape[-1], C=C,
-        RESIDUAL=residual, BLOCK_M=BLOCK_M, PREC=_prec(z))
+        RESIDUAL=residual, PREC=_prec(z), **_launch(z))
     return out
 
 
@@ -260,9 +267,9 @@ def gated_output(o: torch.Tensor, g: torch.Tensor, w_out: torch.Tensor, acc: tor
     out = acc if acc is not None else torch.empty((*o.shape[:-1], C), dtype=o.dtype, device=o.device)
     u3 = _as3(out)
     a3 = u3 if acc is None else _as3(acc)
-    _gated_output_kernel[(_grid_rows(R * N, BLOCK_M),)](
+    _gated_output_kernel[(_grid_rows(R * N, _launch(o)["BLOCK_M"]),)](
         o3, *o3.stride(), g3, *g3.stride(), w_out.to(o.dtype), *w_out.stride(), a3, *a3.stride(), u3, *u3.stride(),
-        R * N, N, K=K, C=C, RESIDUAL=acc is not None, BLOCK_M=BLOCK_M, PREC=_prec(o))
+        R * N, N, K=K, C=C, RESIDUAL=acc is not None, PREC=_prec(o), **_launch(o))
     return out
 
 
@@ -275,7 +282,8 @@ def swiglu_transition(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w
     hidden = w_out.shape[1]
     out = x if residual else torch.empty_like(x)
     o3 = _as3(out)
-    _swiglu_kernel[(_grid_rows(R * N, BLOCK_M),)](
+    _swiglu_kernel[(_grid_rows(R * N, _launch(x)["BLOCK_M"]),)](
         x3, *x3.stride(), ln_w, ln_b, w_in.to(x.dtype), *w_in.stride(), w_out.to(x.dtype), *w_out.stride(),
-        o3, *o3.stride(), R * N, N, hidden, EPS, C=C, RESIDUAL=residual, BLOCK_M=BLOCK_M, BLOCK_H=BLOCK_H, PREC=_prec(x))
+        o3, *o3.stride(), R * N, N, hidden, EPS, C=C, RESIDUAL=residual, BLOCK_H=BLOCK_H, PREC=_prec(x),
+        **_launch(x))
     return out
