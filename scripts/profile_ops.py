@@ -8,7 +8,9 @@ is a cpbench point (no harness, no ``result.json``): they say where a point's ti
 
 ``block`` (inference): one boltz2-sized Pairformer block (c_s 384, c_z 128, 4 triangle heads of
 32, 16 single heads, transitions x4) at ``--n`` tokens, run as the trunk runs it (serial layout,
-no autograd, each op on the pair the block hands it, transposes included), under each backend
+no autograd, each op on the pair the block hands it, transposes included, under the block's
+agreed chunk budget as the trunk runs it: ``agreed_chunks``; outside it every op took the
+near-limit path, e.g. the single attention's eager LayerNorm, until 2026-12-05), under each backend
 of ``--kernels`` in turn (``flex+triton``: ``flex`` with ``model.passes=triton``, the Triton passes
 over z of ``ops/triton_passes.py``). ``--warmup`` untimed blocks (the ``flex`` regions compile there), then
 every op timed by a synchronized wall clock, median of ``--repeats`` blocks. Per backend:
@@ -51,7 +53,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from cpbench.models.pairformer.flops import PairformerSizes, block_flops
 from cpbench.models.pairformer.modules import block as block_module
-from cpbench.models.pairformer.modules.block import PairformerBlock
+from cpbench.models.pairformer.modules.block import PairformerBlock, agreed_chunks
 from cpbench.models.pairformer.ops import kernels
 from cpbench.models.pairformer.parallel.layout import serial_layout
 from cpbench.models.pairformer.parallel.transpose import transpose_pair
@@ -65,6 +67,8 @@ OP_FLOPS = {"tri_mul_out": "triangle_mult_out", "tri_mul_in": "triangle_mult_in"
             "single_transition": "single_transition"}
 # Kernel name patterns, first match wins: the kinds a profile's CUDA time is grouped by.
 KINDS = (
+    ("triton_pass", r"(_norm_linear_kernel|_triangle_operands_kernel|_triangle_update_kernel|_gated_output_kernel"
+                    r"|_swiglu_kernel)"),  # ops/triton_passes.py
     ("attention_backward", r"(cutlassB|attention_backward|AttentionBackward|_bwd|flex_attention_backward|dq_dk|dkdv)"),
     ("attention_forward", r"(?i)(fmha|flash|attention|cudnn.*sdpa|flex|triton_tem_fused)"),
     ("gemm", r"(?i)(gemm|cutlass|sm90_xmma|nvjet|cublas|matmul|ampere_.*_s16816)"),
@@ -129,7 +133,7 @@ def _kernel_table(ops: list, s: torch.Tensor, z: torch.Tensor, top: int) -> dict
     table = {}
     for name, op in ops:
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof, agreed_chunks(z, serial_layout()):
             s, z = op(s, z)
             torch.cuda.synchronize()
         rows = kernel_rows(prof)
@@ -158,7 +162,8 @@ def profile_block(n_tokens: int, backend: str, warmup: int, repeats: int, device
         for rep in range(warmup + repeats):
             for name, op in ops:
                 start_ms = _now_ms(device)
-                s, z = op(s, z)
+                with agreed_chunks(z, serial_layout()):  # the block's budget, as the trunk runs it
+                    s, z = op(s, z)
                 if rep >= warmup:
                     times[name].append(_now_ms(device) - start_ms)
         table = _kernel_table(ops, s, z, kernel_rows_per_op) if kernel_rows_per_op and cuda else None
