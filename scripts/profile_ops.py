@@ -2,8 +2,9 @@
 
     python scripts/profile_ops.py block --n 2048 --kernels flex torch [--kernel-rows 12] [--out FILE]
     python scripts/profile_ops.py train --n 2048 --blocks 2 --variant compiled [--lean] [--out FILE]
+    python scripts/profile_ops.py passes --n 2048 --kernels flex flex+triton [--ncu PATH] [--out FILE]
 
-Two modes; each prints one JSON line per measurement and writes them all to ``--out``. Neither
+Three modes; each prints one JSON line per measurement and writes them all to ``--out``. Neither
 is a cpbench point (no harness, no ``result.json``): they say where a point's time goes.
 
 ``block`` (inference): one boltz2-sized Pairformer block (c_s 384, c_z 128, 4 triangle heads of
@@ -18,6 +19,14 @@ every op timed by a synchronized wall clock, median of ``--repeats`` blocks. Per
 (``cpbench.models.pairformer.flops``), ``peak_gib``, ``compile_s``; with ``--kernel-rows K`` one
 more block runs under torch.profiler and ``kernel_table`` gives, per op, its GPU time, that time
 by kernel kind and its K longest kernels.
+
+``passes`` (CUDA, Nsight Compute): the same block, each backend in a child process under ``ncu``
+(``--profile-from-start off``: the warmup block is not profiled; ncu flushes the L2 before each
+kernel, so every kernel's reads come from DRAM), with a sentinel kernel (``torch.cuda._sleep``)
+before each op. Per op: the kernels' DRAM bytes read and written (``dram__bytes_read.sum``,
+``dram__bytes_write.sum``), their time (``gpu__time_duration.sum``, serialized, L2 cold) and the
+equivalent passes over z, ``(read + written) / bytes of z``, per kernel too; and the block's total.
+A block that reads and writes z once per op makes about 2 passes per op.
 
 ``train``: one training step (forward, backward, AdamW) of the boltz2 trunk (trunk only: no MSA
 module, no recycling, no sampling) with ``--blocks`` blocks at ``--n`` tokens, cp=1, checkpointing
@@ -42,9 +51,12 @@ are emulated on CPUs without bf16 units); the kernel tables and peaks need CUDA.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import re
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -141,11 +153,9 @@ def _kernel_table(ops: list, s: torch.Tensor, z: torch.Tensor, top: int) -> dict
     return table
 
 
-def profile_block(n_tokens: int, backend: str, warmup: int, repeats: int, device: torch.device,
-                  dtype: str = "bf16", kernel_rows_per_op: int = 0) -> dict:
-    """Median ms per op of one block at ``n_tokens`` under ``backend`` (module docstring: ``block``;
-    ``flex+triton``: ``flex`` with ``model.passes=triton``)."""
-    backend_name = backend
+def _block_setup(n_tokens: int, backend: str, device: torch.device, dtype: str) -> tuple:
+    """``(s, z, ops)`` of one block at ``n_tokens`` under ``backend`` (``flex+triton``: ``flex`` with
+    ``model.passes=triton``), weights and inputs from seed 0."""
     backend, _, passes = backend.partition("+")
     kernels.select(backend, device)
     kernels.select_passes(passes or "inductor")
@@ -153,7 +163,15 @@ def profile_block(n_tokens: int, backend: str, warmup: int, repeats: int, device
     block = PairformerBlock(**SIZES).to(device, DTYPES[dtype])
     z = torch.randn(n_tokens, n_tokens, SIZES["c_z"], device=device, dtype=DTYPES[dtype])
     s = torch.randn(n_tokens, SIZES["c_s"], device=device, dtype=DTYPES[dtype])
-    ops = _block_ops(block, torch.ones(n_tokens, dtype=torch.bool, device=device))
+    return s, z, _block_ops(block, torch.ones(n_tokens, dtype=torch.bool, device=device))
+
+
+def profile_block(n_tokens: int, backend: str, warmup: int, repeats: int, device: torch.device,
+                  dtype: str = "bf16", kernel_rows_per_op: int = 0) -> dict:
+    """Median ms per op of one block at ``n_tokens`` under ``backend`` (module docstring: ``block``;
+    ``flex+triton``: ``flex`` with ``model.passes=triton``)."""
+    backend_name = backend
+    s, z, ops = _block_setup(n_tokens, backend, device, dtype)
     times: dict[str, list[float]] = {name: [] for name, _ in ops}
     cuda = device.type == "cuda"
     if cuda:
@@ -176,6 +194,98 @@ def profile_block(n_tokens: int, backend: str, warmup: int, repeats: int, device
             "block_tflops_per_s": _tflops(flops["block"], block_ms),
             "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if cuda else None,
             "compile_s": round(kernels.compile_seconds(), 1), "kernel_table": table}
+
+
+# ---------------------------------------------------------------- passes: bytes per kernel (ncu)
+
+NCU_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")
+SENTINEL = "spin_kernel"  # torch.cuda._sleep's kernel, launched before each op: it splits ncu's kernel list
+CHILD_TAG = "profile_ops passes-child: "
+
+
+def passes_child(n_tokens: int, backend: str, warmup: int, device: torch.device, dtype: str) -> None:
+    """Under ``ncu --profile-from-start off``: ``warmup`` untimed blocks, then one block inside
+    ``cudaProfilerStart/Stop`` with a sentinel kernel before each op and after the last; prints
+    the op names and the size of z (``CHILD_TAG``)."""
+    s, z, ops = _block_setup(n_tokens, backend, device, dtype)
+    with torch.no_grad():
+        for _ in range(warmup):
+            for _, op in ops:
+                with agreed_chunks(z, serial_layout()):
+                    s, z = op(s, z)
+        torch.cuda.synchronize(device)
+        torch.cuda.profiler.start()
+        for _, op in ops:
+            torch.cuda._sleep(1000)
+            with agreed_chunks(z, serial_layout()):
+                s, z = op(s, z)
+        torch.cuda._sleep(1000)
+        torch.cuda.synchronize(device)
+        torch.cuda.profiler.stop()
+    print(CHILD_TAG + json.dumps({"ops": [name for name, _ in ops], "z_bytes": z.numel() * z.element_size()}),
+          flush=True)
+
+
+def parse_ncu_csv(text: str) -> list[dict]:
+    """The kernels of ``ncu --csv --page raw --print-units base`` output, in launch order:
+    ``{"name", <metric>: float}`` (bytes, nanoseconds); the program's own lines and ncu's units
+    row are skipped."""
+    rows = list(csv.reader(line for line in text.splitlines() if line.startswith('"')))
+    start = next((i for i, row in enumerate(rows) if "Kernel Name" in row), None)
+    if start is None:
+        raise ValueError("no ncu CSV header (a 'Kernel Name' column) in the output")
+    header = rows[start]
+    kernels_found = []
+    for row in rows[start + 1:]:
+        rec = dict(zip(header, row))
+        if len(row) != len(header) or not rec.get("ID", "").strip().isdigit():
+            continue  # the units row, or a line that is not a kernel
+        kernels_found.append({"name": rec["Kernel Name"],
+                              **{m: float(rec[m].replace(",", "") or "nan") for m in NCU_METRICS if m in rec}})
+    return kernels_found
+
+
+def passes_per_op(kernel_list: list[dict], ops: list[str], z_bytes: int) -> dict:
+    """Per op (the kernels between consecutive sentinels): bytes read and written, kernel ms, and
+    equivalent passes over z (``(read + written) / z_bytes``), with each kernel's; and the block's."""
+    groups: list[list[dict]] = []
+    for k in kernel_list:
+        if SENTINEL in k["name"]:
+            groups.append([])
+        elif groups:
+            groups[-1].append(k)
+    groups = groups[:len(ops)]  # the last sentinel closes the last op
+    if len(groups) != len(ops):
+        raise ValueError(f"{len(groups)} sentinel-delimited groups of kernels for {len(ops)} ops")
+    per_op = {}
+    for name, group in zip(ops, groups):
+        read = sum(k.get("dram__bytes_read.sum", 0.0) for k in group)
+        written = sum(k.get("dram__bytes_write.sum", 0.0) for k in group)
+        per_op[name] = {
+            "kernels": len(group), "read_gb": round(read / 1e9, 3), "written_gb": round(written / 1e9, 3),
+            "kernel_ms": round(sum(k.get("gpu__time_duration.sum", 0.0) for k in group) / 1e6, 3),
+            "passes": round((read + written) / z_bytes, 2),
+            "by_kernel": [{"name": k["name"][:80], "passes": round((k.get("dram__bytes_read.sum", 0.0)
+                                                                   + k.get("dram__bytes_write.sum", 0.0)) / z_bytes, 2),
+                           "ms": round(k.get("gpu__time_duration.sum", 0.0) / 1e6, 3)} for k in group]}
+    return {"z_gb": round(z_bytes / 1e9, 3), "ops": per_op,
+            "block_passes": round(sum(op["passes"] for op in per_op.values()), 1),
+            "block_kernel_ms": round(sum(op["kernel_ms"] for op in per_op.values()), 3)}
+
+
+def profile_passes(n_tokens: int, backend: str, warmup: int, dtype: str, ncu: str) -> dict:
+    """One block under Nsight Compute (``ncu``, which replays each kernel with the L2 flushed
+    before it, so every read comes from DRAM): ``passes_per_op`` for ``backend``."""
+    cmd = [ncu, "--profile-from-start", "off", "--csv", "--page", "raw", "--print-units", "base",
+           "--metrics", ",".join(NCU_METRICS), sys.executable, __file__, "passes-child", "--n", str(n_tokens),
+           "--kernels", backend, "--warmup", str(warmup), "--dtype", dtype]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    tagged = [line for line in proc.stdout.splitlines() if line.startswith(CHILD_TAG)]
+    if proc.returncode != 0 or not tagged:
+        raise RuntimeError(f"{' '.join(cmd[:9])} ... failed ({proc.returncode}): {(proc.stderr or proc.stdout)[-2000:]}")
+    child = json.loads(tagged[-1][len(CHILD_TAG):])
+    return {"mode": "passes", "kernels": backend, "N": n_tokens, "dtype": dtype,
+            "metrics": list(NCU_METRICS), **passes_per_op(parse_ncu_csv(proc.stdout), child["ops"], child["z_bytes"])}
 
 
 def profile_training(n_tokens: int, blocks: int, variant: str, repeats: int, lean: bool, device: torch.device,
@@ -233,6 +343,13 @@ def main() -> None:
     blk.add_argument("--kernels", nargs="+", default=["flex", "torch"])
     blk.add_argument("--warmup", type=int, default=2)
     blk.add_argument("--kernel-rows", type=int, default=0, help="profile one more block: K longest kernels per op")
+    pas = modes.add_parser("passes", parents=[common], help="one block's bytes per kernel under ncu, per backend")
+    pas.add_argument("--kernels", nargs="+", default=["flex", "flex+triton"])
+    pas.add_argument("--warmup", type=int, default=1)
+    pas.add_argument("--ncu", default="ncu", help="Nsight Compute's command line")
+    child = modes.add_parser("passes-child", parents=[common], help="(run by passes, under ncu)")
+    child.add_argument("--kernels", nargs=1, required=True)
+    child.add_argument("--warmup", type=int, default=1)
     trn = modes.add_parser("train", parents=[common], help="one training step of the trunk")
     trn.add_argument("--blocks", type=int, default=2)
     trn.add_argument("--variant", choices=("eager", "eager_block", "compiled"), default="compiled")
@@ -243,7 +360,13 @@ def main() -> None:
     device = torch.device(args.device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", 0)
-    if args.mode == "block":
+    if args.mode == "passes-child":
+        passes_child(args.n, args.kernels[0], args.warmup, device, args.dtype)
+        return
+    if args.mode == "passes":
+        runs = [lambda backend=backend: profile_passes(args.n, backend, args.warmup, args.dtype, args.ncu)
+                for backend in args.kernels]
+    elif args.mode == "block":
         runs = [lambda backend=backend: profile_block(args.n, backend, args.warmup, args.repeats, device,
                                                       args.dtype, args.kernel_rows) for backend in args.kernels]
     else:

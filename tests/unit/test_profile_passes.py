@@ -1,0 +1,57 @@
+"""``scripts/profile_ops.py passes``: Nsight Compute's CSV, split at the sentinel kernels into the
+block's ops, turned into bytes and passes over z. ncu itself runs on a GPU machine; here its
+output format (``--csv --page raw --print-units base``: a header, a units row, one row per kernel,
+the program's own lines around them) is fed to the parser."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import profile_ops  # noqa: E402 - the scripts folder first
+
+Z_BYTES = 1_000_000
+
+
+def ncu_csv(kernels: list[tuple[str, float, float, float]]) -> str:
+    cols = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
+            "Grid Size", "Device", "CC", *profile_ops.NCU_METRICS]
+    lines = ["==PROF== Connected to process 4242 (/usr/bin/python3.12)", "some output of the program",
+             ",".join(f'"{c}"' for c in cols),
+             ",".join(f'"{u}"' for u in [""] * 11 + ["byte", "byte", "nsecond"])]
+    for i, (name, read, written, ns) in enumerate(kernels):
+        row = [str(i), "4242", "python3.12", "127.0.0.1", name, "1", "7", "(128, 1, 1)", "(64, 1, 1)", "0", "9.0",
+               f"{read:,.0f}", f"{written:.0f}", f"{ns:.0f}"]
+        lines.append(",".join(f'"{v}"' for v in row))
+    lines.append("==PROF== Disconnected from process 4242")
+    return "\n".join(lines)
+
+
+def test_kernels_are_split_into_ops_at_the_sentinels():
+    sleep = ("spin_kernel(long)", 0.0, 0.0, 1000.0)
+    text = ncu_csv([sleep, ("triton_per_fused_layer_norm_0", 1e6, 1e6, 2e5), ("nvjet_gemm", 1e6, 4e6, 3e5),
+                    sleep, ("_swiglu_kernel", 1e6, 1e6, 5e5), sleep])
+    kernels = profile_ops.parse_ncu_csv(text)
+    assert [k["name"] for k in kernels][1:3] == ["triton_per_fused_layer_norm_0", "nvjet_gemm"]
+    assert kernels[1]["dram__bytes_read.sum"] == 1e6  # thousands separators read
+    out = profile_ops.passes_per_op(kernels, ["tri_mul_out", "pair_transition"], Z_BYTES)
+    mul, trans = out["ops"]["tri_mul_out"], out["ops"]["pair_transition"]
+    assert mul["kernels"] == 2 and mul["passes"] == 7.0 and mul["kernel_ms"] == 0.5
+    assert [k["passes"] for k in mul["by_kernel"]] == [2.0, 5.0]
+    assert trans["kernels"] == 1 and trans["passes"] == 2.0
+    assert out["block_passes"] == 9.0 and out["z_gb"] == 0.001
+
+
+def test_a_missing_sentinel_is_an_error_not_a_misattribution():
+    sleep = ("spin_kernel(long)", 0.0, 0.0, 1000.0)
+    kernels = profile_ops.parse_ncu_csv(ncu_csv([sleep, ("a", 1.0, 1.0, 1.0), ("b", 1.0, 1.0, 1.0)]))
+    with pytest.raises(ValueError, match="1 sentinel-delimited groups of kernels for 2 ops"):
+        profile_ops.passes_per_op(kernels, ["op1", "op2"], Z_BYTES)
+
+
+def test_output_without_ncu_csv_says_so():
+    with pytest.raises(ValueError, match="no ncu CSV header"):
+        profile_ops.parse_ncu_csv("==PROF== ERR_NVGPUCTRPERM - no permission\n")
