@@ -132,3 +132,21 @@ def test_a_torch_figure_from_another_day_is_dated_where_it_is_compared(tmp_path)
     table = section((root / "cp_benchmark.md").read_text(), "Kernel backends")
     assert "| 1,024 | torch | 2,500.0 | 5.10 | 1.00× | 2026-11-30 |" in table
     assert "| 1,024 | flex | 1,000.0 | 5.00 | 2.50× | 2026-12-02 |" in table
+
+
+def test_triton_passes_are_their_own_backend_row(tmp_path):
+    """``model.passes=triton`` (``stats.passes``) runs the same point another way: ``flex+triton``
+    (``flex+triton+graphs`` when its blocks replayed a graph) beside ``flex``, never merged with it."""
+    root = tmp_path / "run"
+    write(root, "torch", timing_record(2048, "torch", 12700.0, 9.0, "2026-12-05T05:00:00+00:00"))
+    write(root, "flex", timing_record(2048, "flex", 5600.0, 8.5, "2026-12-05T05:01:00+00:00"))
+    triton = timing_record(2048, "flex", 5100.0, 6.6, "2026-12-05T05:02:00+00:00")
+    triton["stats"] |= {"passes": "triton"}
+    write(root, "triton", triton)
+    graphed = timing_record(2048, "flex", 5000.0, 6.6, "2026-12-05T05:03:00+00:00")
+    graphed["stats"] |= {"passes": "triton", "cuda_graphs": "replay", "graph_capture_s": 0.5}
+    write(root, "triton_graphs", graphed)
+    text = section(build_report(root)["markdown"].read_text(), "Kernel backends")
+    assert "| 2,048 | flex+triton | 5,100.0 | 6.60 |" in text, text
+    assert "| 2,048 | flex+triton+graphs | 5,000.0 | 6.60 |" in text, text
+    assert "| 2,048 | flex | 5,600.0 | 8.50 |" in text, text
