@@ -17,7 +17,7 @@ only echo a dead peer (gloo "connection closed", NCCL aborts) are never the root
 A worker's output (its traceback, a native crash's stack) lives in a temporary folder that goes
 with the point; a rank that ended in ``error`` or ``timeout`` leaves a copy in the job's folder,
 ``worker_logs/N<N>-rank<R>.log``, which the job's log names (a rank whose error only echoes a
-dead peer leaves none).
+dead peer leaves none where another local rank failed otherwise).
 """
 
 from __future__ import annotations
@@ -111,12 +111,14 @@ class Runner:
 
     def _keep_logs(self, outcomes: list[dict], work_dir: Path, N: int) -> None:
         """Copy to ``log_dir`` the logs of the local ranks that timed out or failed with an error of
-        their own (not one that only echoes a dead peer, unless every error here does)."""
+        their own; one that only echoes a dead peer is kept only where no local rank failed otherwise
+        (not beside a rank that ran out of memory, the usual verdict of a probe)."""
         if self.log_dir is None:
             return
-        errors = [o for o in outcomes if o["status"] == "error"]
-        kept_ranks = [o for o in errors if not _is_peer_echo(o.get("message", ""))] or errors
-        for outcome in kept_ranks + [o for o in outcomes if o["status"] == "timeout"]:
+        echoes = [o for o in outcomes if o["status"] == "error" and _is_peer_echo(o.get("message", ""))]
+        own = [o for o in outcomes if o["status"] in ("error", "timeout") and o not in echoes]
+        other_failure = own or any(o["status"] == "oom" for o in outcomes)
+        for outcome in own + ([] if other_failure else echoes):
             kept = Path(self.log_dir) / "worker_logs" / f"N{N}-rank{outcome['rank']}.log"
             try:
                 kept.parent.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ with max N = 48 and the right cause recorded for the failing point.
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -79,6 +80,33 @@ def test_a_failed_rank_leaves_its_traceback_in_the_job_folder(tmp_path):
     assert [p.name for p in (tmp_path / "worker_logs").iterdir()] == ["N64-rank1.log"]
     text = (tmp_path / "worker_logs" / "N64-rank1.log").read_text()
     assert "Traceback" in text and "_import_a_missing_module" in text and "cpbench_test_missing" in text, text
+
+
+@pytest.mark.parametrize("statuses, kept", [
+    ({0: ("error", "Connection closed by peer"), 1: ("oom", "CUDA out of memory")}, []),  # the probe's usual OOM
+    ({0: ("error", "Connection closed by peer"), 1: ("error", "ValueError: bad shape")}, [1]),
+    ({0: ("error", "Connection closed by peer"), 1: ("killed", "killed after a peer failed")}, [0]),  # echoes only
+    ({0: ("timeout", "still running"), 1: ("ok", "")}, [0]),
+])
+def test_which_worker_logs_are_kept(tmp_path, statuses, kept):
+    work = tmp_path / "work"
+    work.mkdir()
+    for rank in statuses:
+        (work / f"rank{rank}.log").write_text(f"log of rank {rank}\n")
+    outcomes = [{"rank": r, "status": st, "message": msg} for r, (st, msg) in statuses.items()]
+    Runner._keep_logs(SimpleNamespace(log_dir=tmp_path / "job"), outcomes, work, 64)
+    logs = tmp_path / "job" / "worker_logs"
+    found = sorted(p.name for p in logs.iterdir()) if logs.exists() else []
+    assert found == [f"N64-rank{r}.log" for r in kept]
+
+
+def test_an_out_of_memory_point_keeps_no_echo_logs(tmp_path):
+    """Rank 1 runs out of memory and rank 0 errors in its collective (a peer's echo): an ordinary
+    probe verdict, which leaves no worker log."""
+    point, runner = fault_runner("oom", log_dir=tmp_path)
+    result = runner.run(PointRun(N=64, n_atoms=512, S=4, timeout_s=POINT_TIMEOUT_S))
+    assert result.status == "oom"
+    assert not (tmp_path / "worker_logs").exists()
 
 
 def test_a_timed_out_timing_point_says_how_far_it_got():
