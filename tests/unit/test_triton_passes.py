@@ -122,3 +122,45 @@ def test_half_precision_within_the_reference_rounding():
     eager_err = (fused.swiglu_transition(z, *params).float() - exact).abs().max()
     kernel_err = (triton_passes.swiglu_transition(z, *params).float() - exact).abs().max()
     assert kernel_err <= eager_err * 1.01 + 1e-6, (kernel_err, eager_err)
+
+
+@pytest.mark.parametrize("kernel, setting", [
+    ("swiglu_transition", dict(BLOCK_M=128, BLOCK_H=128, num_warps=8, num_stages=1)),
+    ("norm_linear", dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=1)),
+    ("triangle_operands", dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)),
+])
+def test_other_launch_settings_give_the_same_result(monkeypatch, kernel, setting):
+    """The settings ``scripts/tune_triton_passes.py`` tries are each correct, not only the default."""
+    monkeypatch.setitem(triton_passes.TILES, kernel, {**triton_passes.TILES[kernel], **setting})
+    z, (ln_w, ln_b) = pair(transposed=True), ln_params()
+    if kernel == "swiglu_transition":
+        w_in, w_out = weight(8 * C, C), weight(C, 4 * C)
+        torch.testing.assert_close(triton_passes.swiglu_transition(z, ln_w, ln_b, w_in, w_out),
+                                   fused.swiglu_transition(z, ln_w, ln_b, w_in, w_out), **TOL)
+    elif kernel == "norm_linear":
+        w = weight(4 * C, C)
+        torch.testing.assert_close(triton_passes.norm_linear(z, ln_w, ln_b, w), fused.norm_linear(z, ln_w, ln_b, w),
+                                   **TOL)
+    else:
+        w, mask = weight(4 * C, C), torch.ones(R, N, device=DEVICE)
+        for got, want in zip(triton_passes.triangle_operands(z, ln_w, ln_b, w, mask),
+                             fused.triangle_operands(z, ln_w, ln_b, w, mask)):
+            torch.testing.assert_close(got, want, **TOL)
+
+
+def test_the_tuning_script_runs_every_setting(tmp_path):
+    """``scripts/tune_triton_passes.py`` end to end at a tiny size (interpreted: a check, not a measurement)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "tune_triton_passes.py")
+    out = tmp_path / "tune.json"
+    proc = subprocess.run([sys.executable, script, "--n", "8", "--c-z", "32", "--kernels", "swiglu_transition",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert len([r for r in rows if "setting" in r]) == 16 and rows[-1]["kernel"] == "swiglu_transition"
+    assert rows[-1]["best"] and rows[-1]["default_ms"] is not None

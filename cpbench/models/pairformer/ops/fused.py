@@ -59,7 +59,7 @@ def swiglu_transition(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w
                       w_out: torch.Tensor, residual: bool = False) -> torch.Tensor:
     """The transition's update ``W_out(silu(a) * b)``, ``[a; b] = W_in LN(x)``: ``x: [rows, c]``;
     with ``residual``, ``x += update`` in place and ``x`` returned."""
-    if _on_triton(x, x.shape[-1]) and x.dim() <= 3 and w_out.shape[1] % _tp().BLOCK_H == 0:
+    if _on_triton(x, x.shape[-1]) and x.dim() <= 3 and _tp().swiglu_hidden_ok(w_out.shape[1]):
         return _tp().swiglu_transition(x, ln_w, ln_b, w_in, w_out, residual)
     if residual and chunking.near_limit(x):
         return x.add_(_swiglu_transition(x, ln_w, ln_b, w_in, w_out, False))

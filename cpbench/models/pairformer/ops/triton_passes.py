@@ -171,11 +171,10 @@ def _as3(t: torch.Tensor) -> torch.Tensor:
     return t.unsqueeze(0) if t.dim() == 2 else t
 
 
-def _launch(t: torch.Tensor) -> dict:
-    """Tile rows and pipeline stages: fp32 tiles of 64 rows with the default stages overflowed an
-    H200's 227 KiB of shared memory (311 KiB asked, triangle_operands, 2026-12-05); fp32 is the
-    parity reference, so it gets 32 rows and one stage."""
-    return dict(BLOCK_M=32, num_stages=1) if t.dtype == torch.float32 else dict(BLOCK_M=BLOCK_M)
+def _launch(kernel: str, t: torch.Tensor) -> dict:
+    """``kernel``'s launch settings for ``t``'s dtype: ``TILES[kernel]``, or ``FP32_TILES``'s rows and
+    stages in fp32."""
+    return {**TILES[kernel], **FP32_TILES} if t.dtype == torch.float32 else dict(TILES[kernel])
 
 
 def _prec(t: torch.Tensor) -> str:
@@ -200,11 +199,25 @@ def usable(t: torch.Tensor, channels: int) -> bool:
             and channels & (channels - 1) == 0 and t.dtype in (torch.float32, torch.bfloat16, torch.float16))
 
 
-# Tile sizes: BLOCK_M rows of all C channels per program. 64 rows keep the fp32 tile, its
-# LayerNorm and a [64, 128] accumulator within one SM's registers at 4 warps.
-BLOCK_M = 64
-BLOCK_N = 64
-BLOCK_H = 64
+# Launch settings per kernel in half precision: BLOCK_M rows of all C channels per program, the
+# output columns (BLOCK_N) or hidden channels (BLOCK_H) per step of its loop, Triton's warps and
+# pipeline stages (4 and 3: its defaults on CUDA). Untuned: chosen on a CPU, in Triton's interpreter
+# (2026-12-05); scripts/tune_triton_passes.py measures the alternatives on a GPU.
+TILES = {
+    "norm_linear": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    "triangle_operands": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    "triangle_update": dict(BLOCK_M=64, num_warps=4, num_stages=3),
+    "gated_output": dict(BLOCK_M=64, num_warps=4, num_stages=3),
+    "swiglu_transition": dict(BLOCK_M=64, BLOCK_H=64, num_warps=4, num_stages=3),
+}
+# fp32 (the parity reference): 64-row tiles with 3 stages asked 311 KiB of shared memory in
+# triangle_operands on an H200 (227 KiB there; 2026-12-05)
+FP32_TILES = dict(BLOCK_M=32, num_stages=1)
+
+
+def swiglu_hidden_ok(hidden: int) -> bool:
+    """Whether the transition kernel takes ``hidden`` channels (its steps must divide them)."""
+    return hidden % TILES["swiglu_transition"]["BLOCK_H"] == 0
 
 
 def norm_linear(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor | None, w: torch.Tensor) -> torch.Tensor:
@@ -214,11 +227,11 @@ def norm_linear(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor | None, 
     out = torch.empty((*x.shape[:-1], w.shape[0]), dtype=x.dtype, device=x.device)
     o3 = _as3(out)
     M = R * N
-    block_n = max(16, min(BLOCK_N, triton.next_power_of_2(w.shape[0])))
-    _norm_linear_kernel[(_grid_rows(M, _launch(x)["BLOCK_M"]),)](
+    tiles = _launch("norm_linear", x)
+    tiles["BLOCK_N"] = max(16, min(tiles["BLOCK_N"], triton.next_power_of_2(w.shape[0])))
+    _norm_linear_kernel[(_grid_rows(M, tiles["BLOCK_M"]),)](
         x3, *x3.stride(), ln_w, ln_b if ln_b is not None else ln_w, w.to(x.dtype), *w.stride(),
-        o3, *o3.stride(), M, N, w.shape[0], EPS, C=C, HAS_LNB=ln_b is not None,
-        BLOCK_N=block_n, PREC=_prec(x), **_launch(x))
+        o3, *o3.stride(), M, N, w.shape[0], EPS, C=C, HAS_LNB=ln_b is not None, PREC=_prec(x), **tiles)
     return out
 
 
@@ -231,17 +244,18 @@ def triangle_operands(z: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w
     k = w.shape[0] // 4
     a = a_out if a_out is not None else z.new_empty((k, r, n))
     b = b_out if b_out is not None else z.new_empty((k, r, n))
-    block_n = min(BLOCK_N, k)
-    _triangle_operands_kernel[(_grid_rows(r * n, _launch(z)["BLOCK_M"]),)](
+    tiles = _launch("triangle_operands", z)
+    tiles["BLOCK_N"] = min(tiles["BLOCK_N"], k)
+    _triangle_operands_kernel[(_grid_rows(r * n, tiles["BLOCK_M"]),)](
         z, *z.stride(), ln_w, ln_b, w.to(z.dtype), *w.stride(), mask, *mask.stride(),
-        a, *a.stride(), b, *b.stride(), r * n, n, k, EPS, C=C, BLOCK_N=block_n, PREC=_prec(z), **_launch(z))
+        a, *a.stride(), b, *b.stride(), r * n, n, k, EPS, C=C, PREC=_prec(z), **tiles)
     return a, b
 
 
 def operand_channels_ok(k: int) -> bool:
-    """Whether ``triangle_operands`` takes a chunk of ``k`` channels (steps of ``min(64, k)``
-    channels, 16 at least: ``tl.dot``'s smallest tile)."""
-    return k >= 16 and k % min(BLOCK_N, k) == 0 and k & (k - 1) == 0
+    """Whether ``triangle_operands`` takes a chunk of ``k`` channels (a power of two, 16 at least:
+    ``tl.dot``'s smallest tile; its steps of ``min(BLOCK_N, k)`` channels then divide it)."""
+    return k >= 16 and k & (k - 1) == 0
 
 
 def triangle_update(x: torch.Tensor, z: torch.Tensor, ln_x_w: torch.Tensor, ln_x_b: torch.Tensor,
@@ -251,10 +265,11 @@ def triangle_update(x: torch.Tensor, z: torch.Tensor, ln_x_w: torch.Tensor, ln_x
     ``[r, N, C]``; with ``residual`` the sum is written into ``z``."""
     r, n, C = z.shape
     out = z if residual else torch.empty_like(z)
-    _triangle_update_kernel[(_grid_rows(r * n, _launch(z)["BLOCK_M"]),)](
+    tiles = _launch("triangle_update", z)
+    _triangle_update_kernel[(_grid_rows(r * n, tiles["BLOCK_M"]),)](
         x, *x.stride(), z, *z.stride(), ln_x_w, ln_x_b, ln_z_w, ln_z_b, w_out.to(z.dtype), *w_out.stride(),
         w_gate.to(z.dtype), *w_gate.stride(), out, *out.stride(), r * n, n, EPS, CX=x.shape[-1], C=C,
-        RESIDUAL=residual, PREC=_prec(z), **_launch(z))
+        RESIDUAL=residual, PREC=_prec(z), **tiles)
     return out
 
 
@@ -267,9 +282,10 @@ def gated_output(o: torch.Tensor, g: torch.Tensor, w_out: torch.Tensor, acc: tor
     out = acc if acc is not None else torch.empty((*o.shape[:-1], C), dtype=o.dtype, device=o.device)
     u3 = _as3(out)
     a3 = u3 if acc is None else _as3(acc)
-    _gated_output_kernel[(_grid_rows(R * N, _launch(o)["BLOCK_M"]),)](
+    tiles = _launch("gated_output", o)
+    _gated_output_kernel[(_grid_rows(R * N, tiles["BLOCK_M"]),)](
         o3, *o3.stride(), g3, *g3.stride(), w_out.to(o.dtype), *w_out.stride(), a3, *a3.stride(), u3, *u3.stride(),
-        R * N, N, K=K, C=C, RESIDUAL=acc is not None, PREC=_prec(o), **_launch(o))
+        R * N, N, K=K, C=C, RESIDUAL=acc is not None, PREC=_prec(o), **tiles)
     return out
 
 
@@ -282,8 +298,8 @@ def swiglu_transition(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w
     hidden = w_out.shape[1]
     out = x if residual else torch.empty_like(x)
     o3 = _as3(out)
-    _swiglu_kernel[(_grid_rows(R * N, _launch(x)["BLOCK_M"]),)](
+    tiles = _launch("swiglu_transition", x)
+    _swiglu_kernel[(_grid_rows(R * N, tiles["BLOCK_M"]),)](
         x3, *x3.stride(), ln_w, ln_b, w_in.to(x.dtype), *w_in.stride(), w_out.to(x.dtype), *w_out.stride(),
-        o3, *o3.stride(), R * N, N, hidden, EPS, C=C, RESIDUAL=residual, BLOCK_H=BLOCK_H, PREC=_prec(x),
-        **_launch(x))
+        o3, *o3.stride(), R * N, N, hidden, EPS, C=C, RESIDUAL=residual, PREC=_prec(x), **tiles)
     return out

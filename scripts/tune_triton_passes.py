@@ -1,0 +1,118 @@
+"""Launch settings of the Triton passes (``ops/triton_passes.py``: ``TILES``), measured on a GPU.
+
+    python scripts/tune_triton_passes.py [--n 2048] [--out FILE]
+
+Each kernel runs at the boltz2 shapes of one block at ``--n`` tokens (the whole pair tensor, as a
+block away from the memory limit hands it: c_z 128, 4 x 32 attention channels, 4 triangle heads,
+16 single heads, transition x4), bf16, under every setting of a small grid (rows per program,
+columns or hidden channels per step, warps, stages). Each setting's median time (CUDA events,
+``triton.testing.do_bench``) and effective bandwidth (the bytes the kernel must move: its inputs
+once, its outputs once) are printed as one JSON line, with the best setting per kernel last.
+A setting that does not compile (shared memory, registers) is reported and skipped. Copy the
+best settings into ``TILES`` by hand, with the date and this script's output file.
+
+On a CPU (``TRITON_INTERPRET=1``, a small ``--n`` and ``--c-z 32``) it runs each kernel once
+per setting, with a wall clock: a check that the script works, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import time
+
+import torch
+
+from cpbench.models.pairformer.ops import triton_passes as tp
+
+GRID = {"BLOCK_M": (64, 128), "num_warps": (4, 8), "num_stages": (1, 3)}
+STEP = {"norm_linear": ("BLOCK_N", (64, 128)), "triangle_operands": ("BLOCK_N", (64, 128)),
+        "swiglu_transition": ("BLOCK_H", (64, 128))}
+
+
+def cases(n: int, c_z: int, device: str) -> dict:
+    """Per kernel: ``(call, bytes moved)`` at one block's shapes, bf16."""
+    bf = dict(device=device, dtype=torch.bfloat16)
+    z = torch.randn(n, n, c_z, **bf)
+    ln_w, ln_b = torch.ones(c_z, **bf), torch.zeros(c_z, **bf)
+    z_b = z.numel() * 2
+    qkvg = torch.randn(4 * c_z, c_z, **bf) / c_z ** 0.5
+    tri_w = torch.randn(4 * c_z, c_z, **bf) / c_z ** 0.5
+    mask = torch.ones(n, n, **bf)
+    x = torch.randn(c_z, n, n, **bf).permute(1, 2, 0)  # the product's channel-first [c, r, N]
+    w_sq = torch.randn(c_z, c_z, **bf) / c_z ** 0.5
+    o, g = torch.randn(n, n, c_z, **bf), torch.randn(n, n, c_z, **bf)
+    w_in, w_out = torch.randn(8 * c_z, c_z, **bf) / c_z ** 0.5, torch.randn(c_z, 4 * c_z, **bf) / (4 * c_z) ** 0.5
+    return {
+        "norm_linear": (lambda: tp.norm_linear(z, ln_w, ln_b, qkvg), z_b * 5),  # z in, q/k/v/g out
+        "triangle_operands": (lambda: tp.triangle_operands(z, ln_w, ln_b, tri_w, mask), z_b * 3),  # z in, a and b out
+        "triangle_update": (lambda: tp.triangle_update(x, z, ln_w, ln_b, ln_w, ln_b, w_sq, w_sq, True), z_b * 3),
+        "gated_output": (lambda: tp.gated_output(o, g, w_sq, z), z_b * 4),  # o, g, z in, z out
+        "swiglu_transition": (lambda: tp.swiglu_transition(z, ln_w, ln_b, w_in, w_out, True), z_b * 2),
+    }
+
+
+def settings(kernel: str) -> list[dict]:
+    grid = dict(GRID)
+    if kernel in STEP:
+        key, values = STEP[kernel]
+        grid[key] = values
+    return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+
+
+def time_ms(call, cuda: bool) -> float:
+    if cuda:
+        import triton.testing
+
+        return float(triton.testing.do_bench(call, warmup=10, rep=50))
+    times = []
+    for _ in range(2):
+        start = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=2048)
+    parser.add_argument("--c-z", type=int, default=128)
+    parser.add_argument("--kernels", nargs="+", default=list(tp.TILES))
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    cuda = torch.cuda.is_available() and not tp.interpreted()
+    rows = []
+    calls = cases(args.n, args.c_z, "cuda" if cuda else "cpu")
+    for kernel in args.kernels:
+        call, moved_b = calls[kernel]
+        default = dict(tp.TILES[kernel])
+        results = []
+        for setting in settings(kernel):
+            tp.TILES[kernel] = {**default, **setting}
+            try:
+                ms = time_ms(call, cuda)
+            except Exception as exc:  # noqa: BLE001 - a setting that does not compile is a result too
+                row = {"kernel": kernel, "setting": setting, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+            else:
+                row = {"kernel": kernel, "setting": setting, "ms": round(ms, 4), "gb_per_s": round(moved_b / ms / 1e6, 1)}
+                results.append(row)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        tp.TILES[kernel] = default
+        if results:
+            best = min(results, key=lambda r: r["ms"])
+            at_default = next((r for r in results if all(default.get(k) == v for k, v in r["setting"].items())), None)
+            line = {"kernel": kernel, "best": best["setting"], "best_ms": best["ms"],
+                    "default_ms": at_default["ms"] if at_default else None, "N": args.n}
+            print(json.dumps(line), flush=True)
+            rows.append(line)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name() if cuda else "cpu",
+                       "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
