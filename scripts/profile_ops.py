@@ -127,9 +127,17 @@ def _now_ms(device: torch.device) -> float:
 
 
 def _block_ops(block: PairformerBlock, mask: torch.Tensor) -> list:
-    """``(name, op)`` per op of the block; ``op(s, z) -> (s, z)``, the pair as the trunk hands it on."""
+    """``(name, op)`` per op of the block; ``op(s, z) -> (s, z)``, the pair as the trunk hands it on,
+    under the block's agreed chunk budget as the trunk runs it (``agreed_chunks``)."""
     layout = serial_layout()
-    return [
+
+    def in_block(op):
+        def run(s: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            with agreed_chunks(z, layout):
+                return op(s, z)
+        return run
+
+    return [(name, in_block(op)) for name, op in [
         ("tri_mul_out", lambda s, z: (s, block.tri_mul_out(z, mask, layout))),
         ("tri_mul_in", lambda s, z: (s, block.tri_mul_in(transpose_pair(z, layout), mask, layout))),
         ("tri_att_start", lambda s, z: (s, block.tri_att_start(transpose_pair(z, layout), mask, layout))),
@@ -137,7 +145,7 @@ def _block_ops(block: PairformerBlock, mask: torch.Tensor) -> list:
         ("pair_transition", lambda s, z: (s, transpose_pair(block.pair_transition(z), layout))),
         ("single_attention", lambda s, z: (block.attention(s, z, mask, layout), z)),
         ("single_transition", lambda s, z: (block.single_transition(s), z)),
-    ]
+    ]]
 
 
 def _kernel_table(ops: list, s: torch.Tensor, z: torch.Tensor, top: int) -> dict[str, dict]:
@@ -145,7 +153,7 @@ def _kernel_table(ops: list, s: torch.Tensor, z: torch.Tensor, top: int) -> dict
     table = {}
     for name, op in ops:
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof, agreed_chunks(z, serial_layout()):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
             s, z = op(s, z)
             torch.cuda.synchronize()
         rows = kernel_rows(prof)
@@ -180,8 +188,7 @@ def profile_block(n_tokens: int, backend: str, warmup: int, repeats: int, device
         for rep in range(warmup + repeats):
             for name, op in ops:
                 start_ms = _now_ms(device)
-                with agreed_chunks(z, serial_layout()):  # the block's budget, as the trunk runs it
-                    s, z = op(s, z)
+                s, z = op(s, z)
                 if rep >= warmup:
                     times[name].append(_now_ms(device) - start_ms)
         table = _kernel_table(ops, s, z, kernel_rows_per_op) if kernel_rows_per_op and cuda else None
@@ -211,14 +218,12 @@ def passes_child(n_tokens: int, backend: str, warmup: int, device: torch.device,
     with torch.no_grad():
         for _ in range(warmup):
             for _, op in ops:
-                with agreed_chunks(z, serial_layout()):
-                    s, z = op(s, z)
+                s, z = op(s, z)
         torch.cuda.synchronize(device)
         torch.cuda.profiler.start()
         for _, op in ops:
             torch.cuda._sleep(1000)
-            with agreed_chunks(z, serial_layout()):
-                s, z = op(s, z)
+            s, z = op(s, z)
         torch.cuda._sleep(1000)
         torch.cuda.synchronize(device)
         torch.cuda.profiler.stop()

@@ -33,6 +33,16 @@ def weight(out: int, inp: int) -> torch.Tensor:
     return randn(out, inp) / inp ** 0.5
 
 
+def assert_update(got: torch.Tensor, base: torch.Tensor, want: torch.Tensor, residual: bool) -> None:
+    """``got`` is ``base`` updated in place (``residual``) or the update alone, which left ``base``
+    as it was; either way ``base + update == want``."""
+    if residual:
+        assert got.data_ptr() == base.data_ptr()
+        torch.testing.assert_close(base, want, **TOL)
+    else:
+        torch.testing.assert_close(got + base, want, **TOL)
+
+
 def pair(transposed: bool) -> torch.Tensor:
     """``[R, N, C]`` rows of z; transposed: a ``[N, R, C]`` tensor's transposed view."""
     return randn(N, R, C).transpose(0, 1) if transposed else randn(R, N, C)
@@ -70,13 +80,8 @@ def test_triangle_update_reads_the_product_channel_first(residual):
     z = pair(transposed=True)
     (lx_w, lx_b), (lz_w, lz_b), w_out, w_gate = ln_params(), ln_params(), weight(C, C), weight(C, C)
     want = z + fused.triangle_update(x, z, lx_w, lx_b, lz_w, lz_b, w_out, w_gate)
-    got = triton_passes.triangle_update(x, z.clone() if not residual else z, lx_w, lx_b, lz_w, lz_b, w_out, w_gate,
-                                        residual)
-    if residual:
-        assert got.data_ptr() == z.data_ptr()
-        torch.testing.assert_close(z, want, **TOL)
-    else:
-        torch.testing.assert_close(got + z, want, **TOL)
+    assert_update(triton_passes.triangle_update(x, z, lx_w, lx_b, lz_w, lz_b, w_out, w_gate, residual), z, want,
+                  residual)
 
 
 @pytest.mark.parametrize("residual", [False, True])
@@ -85,12 +90,7 @@ def test_gated_output_from_strided_gates(residual):
     o, g = randn(R, C, N).transpose(1, 2), qkvg[..., 3 * C:]  # attention's output view, g a slice
     w_out, acc = weight(C, C), pair(transposed=True)
     want = acc + fused.gated_output(o, g, w_out)
-    got = triton_passes.gated_output(o, g, w_out, acc if residual else None)
-    if residual:
-        assert got.data_ptr() == acc.data_ptr()
-        torch.testing.assert_close(acc, want, **TOL)
-    else:
-        torch.testing.assert_close(got + acc, want, **TOL)
+    assert_update(triton_passes.gated_output(o, g, w_out, acc if residual else None), acc, want, residual)
 
 
 @pytest.mark.parametrize("residual", [False, True])
@@ -99,12 +99,7 @@ def test_swiglu_transition(residual, rows_2d):
     x = randn(R * N, C) if rows_2d else pair(transposed=True)
     (ln_w, ln_b), w_in, w_out = ln_params(), weight(8 * C, C), weight(C, 4 * C)
     want = x + fused.swiglu_transition(x, ln_w, ln_b, w_in, w_out)
-    got = triton_passes.swiglu_transition(x, ln_w, ln_b, w_in, w_out, residual)
-    if residual:
-        assert got.data_ptr() == x.data_ptr()
-        torch.testing.assert_close(x, want, **TOL)
-    else:
-        torch.testing.assert_close(got + x, want, **TOL)
+    assert_update(triton_passes.swiglu_transition(x, ln_w, ln_b, w_in, w_out, residual), x, want, residual)
 
 
 # Triton's interpreter computes tl.dot in numpy, which has no bf16 (bf16 products come out as

@@ -225,18 +225,19 @@ class PairformerAdapter:
         block_ms = model.block_ms
         if block_ms:
             stage_ms["block_mean"] = sum(block_ms) / len(block_ms)
+        device = next(model.parameters()).device
         self._stats = {
             "stage_ms": stage_ms,
             "comm_bytes_per_block": max(model.block_comm_bytes, default=0),
             "comm_bytes_step": comm.BYTES.sent_b,
             "comm_per_block": _heaviest(model.block_comm),
             "comm_step": comm.BYTES.snapshot(),
-            "kernels": ops_kernels.ran(training=end_s is not None, device=next(model.parameters()).device),
+            "kernels": ops_kernels.ran(training=end_s is not None, device=device),
             "compile_s": round(ops_kernels.compile_seconds(), 3),
         }
-        device = next(model.parameters()).device
-        if ops_kernels.passes_ran(training=end_s is not None, device=device):
-            self._stats["passes"] = ops_kernels.passes_ran(training=end_s is not None, device=device)
+        passes = ops_kernels.passes_ran(training=end_s is not None, device=device)
+        if passes:
+            self._stats["passes"] = passes
         if model.graphs is not None:  # model.cuda_graphs: how the last pass's blocks ran
             self._stats["cuda_graphs"] = model.graphs.state
             capture_s = model.graphs.capture_s

@@ -32,8 +32,9 @@ from cpbench.models.pairformer.parallel import chunking
 
 
 def _on_triton(x: torch.Tensor, *channels: int) -> bool:
-    """Whether ``x``'s pass runs as a Triton kernel (``model.passes=triton``, shapes it takes)."""
-    return kernels.triton_passes(x) and all(_tp().usable(x, c) for c in channels)
+    """Whether ``x``'s pass runs as a Triton kernel (``model.passes=triton``, shapes it takes:
+    ``[rows, c]`` or ``[r, N, c]``, ``channels`` each a size ``triton_passes.usable`` takes)."""
+    return kernels.triton_passes(x) and x.dim() <= 3 and all(_tp().usable(x, c) for c in channels)
 
 
 def _tp():
@@ -45,7 +46,7 @@ def _tp():
 
 def norm_linear(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor | None, w: torch.Tensor) -> torch.Tensor:
     """``LayerNorm(x) @ wᵀ``: ``x: [rows, c]``, ``w: [out, c]`` -> ``[rows, out]``."""
-    if _on_triton(x, x.shape[-1]) and x.dim() <= 3:
+    if _on_triton(x, x.shape[-1]):
         return _tp().norm_linear(x, ln_w, ln_b, w)
     return _norm_linear(x, ln_w, ln_b, w)
 
@@ -59,7 +60,7 @@ def swiglu_transition(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w
                       w_out: torch.Tensor, residual: bool = False) -> torch.Tensor:
     """The transition's update ``W_out(silu(a) * b)``, ``[a; b] = W_in LN(x)``: ``x: [rows, c]``;
     with ``residual``, ``x += update`` in place and ``x`` returned."""
-    if _on_triton(x, x.shape[-1]) and x.dim() <= 3 and _tp().swiglu_hidden_ok(w_out.shape[1]):
+    if _on_triton(x, x.shape[-1]) and _tp().swiglu_hidden_ok(w_out.shape[1]):
         return _tp().swiglu_transition(x, ln_w, ln_b, w_in, w_out, residual)
     if residual and chunking.near_limit(x):
         return x.add_(_swiglu_transition(x, ln_w, ln_b, w_in, w_out, False))
@@ -78,7 +79,7 @@ def gated_output(o: torch.Tensor, g: torch.Tensor, w_out: torch.Tensor,
                  acc: torch.Tensor | None = None) -> torch.Tensor:
     """``W_out(o * sigmoid(g))``: ``o, g: [rows, h·d]`` -> ``[rows, c]``; with ``acc: [rows, c]``,
     ``acc += W_out(...)`` in place and ``acc`` returned."""
-    if _on_triton(o, o.shape[-1], w_out.shape[0]) and o.dim() <= 3:
+    if _on_triton(o, o.shape[-1], w_out.shape[0]):
         return _tp().gated_output(o, g, w_out, acc)
     if acc is not None and chunking.near_limit(acc):
         return acc.add_(_gated_output(o, g, w_out, None))

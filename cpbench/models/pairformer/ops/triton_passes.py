@@ -1,5 +1,5 @@
 """Triton kernels that read the pair tensor once per op: LayerNorm inside the projection, gates
-and the residual add in its epilogue (the ``triton`` choice of ``model.fused_passes``).
+and the residual add in its epilogue (the ``triton`` choice of ``model.passes``).
 
 Under ``ops/fused.py``'s compiled regions, inductor writes LayerNorm's output, cuBLAS reads it
 back and writes the projections, and another pass applies the gates: about a dozen passes over
@@ -45,9 +45,9 @@ if HAS_TRITON:
 
     @triton.jit
     def _rows(pid, BLOCK_M: tl.constexpr, M, ncols):
-        """Row indices ``[BLOCK_M]`` (int64) of this program's tile, their (i, j) and mask."""
+        """This program's ``BLOCK_M`` rows as (i, j) of ``[R, N]`` (int64) and their mask."""
         m = pid.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-        return m, m // ncols, m % ncols, m < M
+        return m // ncols, m % ncols, m < M
 
     @triton.jit
     def _load_normed(x_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C: tl.constexpr, HAS_LNB: tl.constexpr):
@@ -75,7 +75,7 @@ if HAS_TRITON:
                             M, ncols, n_out, eps, C: tl.constexpr, HAS_LNB: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
         """One tile of rows, normalised once, against every ``BLOCK_N`` columns of ``w`` in turn."""
-        m, i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
+        i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
         _, xn = _load_normed(x_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, HAS_LNB)
         xn = xn.to(w_ptr.dtype.element_ty)
         for n0 in range(0, n_out, BLOCK_N):
@@ -89,7 +89,7 @@ if HAS_TRITON:
                                   a_ptr, a0, a1, a2, b_ptr, b0, b1, b2, M, ncols, k_ch, eps,
                                   C: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
         """``w: [4k, C]`` = projections of a, of b, gates of a, of b; ``BLOCK_N`` channels of each in turn."""
-        m, i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
+        i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
         _, zn = _load_normed(z_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, True)
         zn = zn.to(w_ptr.dtype.element_ty)
         mask = tl.load(mask_ptr + i * m0 + j * m1, mask=ok, other=0.0).to(tl.float32)[:, None]
@@ -111,7 +111,7 @@ if HAS_TRITON:
                                 wo_ptr, swo_n, swo_k, wg_ptr, swg_n, swg_k, o_ptr, o0, o1, oc, M, ncols, eps,
                                 CX: tl.constexpr, C: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr,
                                 PREC: tl.constexpr):
-        m, i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
+        i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
         _, xn = _load_normed(x_ptr, i, j, ok, x0, x1, xc, lnxw_ptr, lnxb_ptr, eps, CX, True)
         z, zn = _load_normed(z_ptr, i, j, ok, z0, z1, zc, lnzw_ptr, lnzb_ptr, eps, C, True)
         wo = _weight_t(wo_ptr, 0, C, swo_n, swo_k, CX, C)
@@ -127,7 +127,7 @@ if HAS_TRITON:
     def _gated_output_kernel(o_ptr, q0, q1, qc, g_ptr, g0, g1, gc, w_ptr, swn, swk, acc_ptr, a0, a1, ac,
                              out_ptr, u0, u1, uc, M, ncols, K: tl.constexpr, C: tl.constexpr,
                              RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr):
-        m, i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
+        i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
         k = tl.arange(0, K)
         o = tl.load(o_ptr + i[:, None] * q0 + j[:, None] * q1 + k[None, :] * qc, mask=ok[:, None], other=0.0)
         g = tl.load(g_ptr + i[:, None] * g0 + j[:, None] * g1 + k[None, :] * gc, mask=ok[:, None], other=0.0)
@@ -147,7 +147,7 @@ if HAS_TRITON:
                        BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, PREC: tl.constexpr):
         """``hidden`` channels in chunks of ``BLOCK_H``: ``a`` is ``W_in`` rows ``[h, h+BLOCK_H)``,
         ``b`` rows ``hidden + [h, h+BLOCK_H)``; the chunk's ``silu(a) * b`` meets ``W_out[:, h:...]``."""
-        m, i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
+        i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
         x, xn = _load_normed(x_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, True)
         xn = xn.to(wi_ptr.dtype.element_ty)
         acc = tl.zeros((BLOCK_M, C), dtype=tl.float32)
@@ -227,10 +227,11 @@ def norm_linear(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor | None, 
     out = torch.empty((*x.shape[:-1], w.shape[0]), dtype=x.dtype, device=x.device)
     o3 = _as3(out)
     M = R * N
+    w = w.to(x.dtype)  # before its strides are read: a conversion copies
     tiles = _launch("norm_linear", x)
     tiles["BLOCK_N"] = max(16, min(tiles["BLOCK_N"], triton.next_power_of_2(w.shape[0])))
     _norm_linear_kernel[(_grid_rows(M, tiles["BLOCK_M"]),)](
-        x3, *x3.stride(), ln_w, ln_b if ln_b is not None else ln_w, w.to(x.dtype), *w.stride(),
+        x3, *x3.stride(), ln_w, ln_b if ln_b is not None else ln_w, w, *w.stride(),
         o3, *o3.stride(), M, N, w.shape[0], EPS, C=C, HAS_LNB=ln_b is not None, PREC=_prec(x), **tiles)
     return out
 
@@ -244,10 +245,11 @@ def triangle_operands(z: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w
     k = w.shape[0] // 4
     a = a_out if a_out is not None else z.new_empty((k, r, n))
     b = b_out if b_out is not None else z.new_empty((k, r, n))
+    w = w.to(z.dtype)
     tiles = _launch("triangle_operands", z)
     tiles["BLOCK_N"] = min(tiles["BLOCK_N"], k)
     _triangle_operands_kernel[(_grid_rows(r * n, tiles["BLOCK_M"]),)](
-        z, *z.stride(), ln_w, ln_b, w.to(z.dtype), *w.stride(), mask, *mask.stride(),
+        z, *z.stride(), ln_w, ln_b, w, *w.stride(), mask, *mask.stride(),
         a, *a.stride(), b, *b.stride(), r * n, n, k, EPS, C=C, PREC=_prec(z), **tiles)
     return a, b
 
@@ -265,10 +267,11 @@ def triangle_update(x: torch.Tensor, z: torch.Tensor, ln_x_w: torch.Tensor, ln_x
     ``[r, N, C]``; with ``residual`` the sum is written into ``z``."""
     r, n, C = z.shape
     out = z if residual else torch.empty_like(z)
+    w_out, w_gate = w_out.to(z.dtype), w_gate.to(z.dtype)
     tiles = _launch("triangle_update", z)
     _triangle_update_kernel[(_grid_rows(r * n, tiles["BLOCK_M"]),)](
-        x, *x.stride(), z, *z.stride(), ln_x_w, ln_x_b, ln_z_w, ln_z_b, w_out.to(z.dtype), *w_out.stride(),
-        w_gate.to(z.dtype), *w_gate.stride(), out, *out.stride(), r * n, n, EPS, CX=x.shape[-1], C=C,
+        x, *x.stride(), z, *z.stride(), ln_x_w, ln_x_b, ln_z_w, ln_z_b, w_out, *w_out.stride(),
+        w_gate, *w_gate.stride(), out, *out.stride(), r * n, n, EPS, CX=x.shape[-1], C=C,
         RESIDUAL=residual, PREC=_prec(z), **tiles)
     return out
 
@@ -282,9 +285,10 @@ def gated_output(o: torch.Tensor, g: torch.Tensor, w_out: torch.Tensor, acc: tor
     out = acc if acc is not None else torch.empty((*o.shape[:-1], C), dtype=o.dtype, device=o.device)
     u3 = _as3(out)
     a3 = u3 if acc is None else _as3(acc)
+    w_out = w_out.to(o.dtype)
     tiles = _launch("gated_output", o)
     _gated_output_kernel[(_grid_rows(R * N, tiles["BLOCK_M"]),)](
-        o3, *o3.stride(), g3, *g3.stride(), w_out.to(o.dtype), *w_out.stride(), a3, *a3.stride(), u3, *u3.stride(),
+        o3, *o3.stride(), g3, *g3.stride(), w_out, *w_out.stride(), a3, *a3.stride(), u3, *u3.stride(),
         R * N, N, K=K, C=C, RESIDUAL=acc is not None, PREC=_prec(o), **tiles)
     return out
 
@@ -298,8 +302,9 @@ def swiglu_transition(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w
     hidden = w_out.shape[1]
     out = x if residual else torch.empty_like(x)
     o3 = _as3(out)
+    w_in, w_out = w_in.to(x.dtype), w_out.to(x.dtype)
     tiles = _launch("swiglu_transition", x)
     _swiglu_kernel[(_grid_rows(R * N, tiles["BLOCK_M"]),)](
-        x3, *x3.stride(), ln_w, ln_b, w_in.to(x.dtype), *w_in.stride(), w_out.to(x.dtype), *w_out.stride(),
+        x3, *x3.stride(), ln_w, ln_b, w_in, *w_in.stride(), w_out, *w_out.stride(),
         o3, *o3.stride(), R * N, N, hidden, EPS, C=C, RESIDUAL=residual, PREC=_prec(x), **tiles)
     return out
