@@ -444,6 +444,11 @@ def resolve_point(cfg: DictConfig) -> Point:
             raise ConfigError("model.passes", passes, " or ".join(kernels.PASSES))
         if passes == "triton" and device == "cuda" and importlib.util.find_spec("triton") is None:
             raise ConfigError("model.passes", passes, "inductor here: Triton is not installed (pip install triton)")
+        attention = model.get("attention", "auto")
+        if attention not in kernels.ATTENTION:
+            raise ConfigError("model.attention", attention, " or ".join(kernels.ATTENTION))
+        if attention == "triton" and device == "cuda" and importlib.util.find_spec("triton") is None:
+            raise ConfigError("model.attention", attention, "auto here: Triton is not installed (pip install triton)")
         for flag, allowed in PAIRFORMER_FLAGS.items():
             if flag in model and not isinstance(model[flag], bool):
                 raise ConfigError(f"model.{flag}", model[flag], allowed)

@@ -1,7 +1,7 @@
 """The ``flex`` backend's pieces in isolation, at the trunk's shapes: triangle attention and the
 fused memory-bound passes, against their eager forms (inference, no autograd).
 
-    python scripts/flex_microbench.py [--n 2048] [--rows 256] [--cases attention options passes] [--out FILE]
+    python scripts/flex_microbench.py [--n 2048] [--rows 256] [--cases attention options passes triton] [--out FILE]
 
 Triangle attention is ``rows x 4 heads x N x 32`` (bf16 on CUDA) with one shared ``[4, N, N]``
 bias, as one row chunk of the op sees it. Cases:
@@ -12,6 +12,11 @@ bias, as one row chunk of the op sees it. Cases:
 * ``options``: the static flex kernel under each of ``OPTIONS`` (Triton's ``kernel_options``:
   block sizes, warps, stages), with q/k/v as strided views of one projection (the model's
   layout) and contiguous (CUDA only);
+* ``triton``: the Triton kernel written for the shape (``ops/triton_attention.py``,
+  ``model.attention=triton``: each bias tile shared among ``ROWS`` rows) under its default
+  ``TILES`` and each setting of ``TRITON_GRID``, beside the static flex kernel, on the model's
+  strided q/k/v; each line carries its largest difference from flex's output and its share of
+  the H200's measured bf16 matmul ceiling (``CEILING_TFLOPS``). Needs CUDA or ``TRITON_INTERPRET=1``;
 * ``passes``: the fused passes of ``ops/fused.py`` (LayerNorm + q/k/v/g projection, the SwiGLU
   transition) on ``[rows, N, 128]``, eager against compiled static and dynamic.
 
@@ -34,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
-from cpbench.models.pairformer.ops import fused
+from cpbench.models.pairformer.ops import fused, triton_attention, triton_passes
 
 HEADS, HEAD_DIM, C_Z = 4, 32, 128
 OPTIONS = {
@@ -45,6 +50,10 @@ OPTIONS = {
     "m64_n128_w4_s2": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2},
     "m128_n32_w4_s3": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
 }
+
+# ops/triton_attention.py's launch settings tried by the ``triton`` cases (all combinations)
+TRITON_GRID = {"ROWS": (1, 2, 4), "BLOCK_M": (64, 128), "BLOCK_N": (32, 64), "num_warps": (4, 8), "num_stages": (2, 3)}
+CEILING_TFLOPS = 774.0  # bf16 8192^3 matmul on one H200 (docs/perf_notes.md, "Measured ceilings")
 
 
 def time_ms(fn, device: torch.device, warmup: int = 3, repeats: int = 10) -> float:
@@ -108,6 +117,30 @@ def option_cases(n: int, rows: int, device: torch.device, dtype: torch.dtype, re
                 yield case, f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
+def triton_cases(n: int, rows: int, device: torch.device, dtype: torch.dtype, repeats: int):
+    """(case, ms or error, largest |difference| from flex's output) per launch setting."""
+    import itertools
+
+    qkvg = torch.randn(rows, n, 4, HEADS, HEAD_DIM, device=device, dtype=dtype)
+    q, k, v = (t.transpose(1, 2) for t in qkvg.unbind(2)[:3])  # [rows, h, N, d] views, as the model has them
+    bias = torch.randn(HEADS, n, n, device=device, dtype=dtype)
+    run = fresh_compile(flex_biased, dynamic=False) if device.type == "cuda" else flex_biased
+    with torch.no_grad():
+        want = run(q, k, v, bias).float()
+    yield "triton/flex_static", time_ms(lambda: run(q, k, v, bias), device, repeats=repeats), 0.0
+    settings = [None] + [dict(zip(TRITON_GRID, values)) for values in itertools.product(*TRITON_GRID.values())]
+    for tiles in settings:
+        name = "default" if tiles is None else "_".join(f"{key}{val}" for key, val in tiles.items())
+        try:
+            with torch.no_grad():
+                got = triton_attention.attention(q, k, v, bias, tiles=tiles)
+            diff = float((got.float() - want).abs().max())
+            yield f"triton/{name}", time_ms(lambda: triton_attention.attention(q, k, v, bias, tiles=tiles), device,
+                                            repeats=repeats), diff
+        except Exception as exc:  # noqa: BLE001 -- a setting that does not compile (shared memory) is a result
+            yield f"triton/{name}", f"{type(exc).__name__}: {str(exc)[:300]}", None
+
+
 def pass_cases(n: int, rows: int, device: torch.device, dtype: torch.dtype, repeats: int):
     z = torch.randn(rows, n, C_Z, device=device, dtype=dtype)
     ln_w, ln_b = torch.ones(C_Z, device=device, dtype=dtype), torch.zeros(C_Z, device=device, dtype=dtype)
@@ -124,7 +157,7 @@ def pass_cases(n: int, rows: int, device: torch.device, dtype: torch.dtype, repe
             yield f"{name}/{mode}", time_ms(lambda: run(*args), device, repeats=repeats)
 
 
-CASES = {"attention": attention_cases, "options": option_cases, "passes": pass_cases}
+CASES = {"attention": attention_cases, "options": option_cases, "passes": pass_cases, "triton": triton_cases}
 
 
 def main() -> None:
@@ -145,14 +178,20 @@ def main() -> None:
         if case_set == "options" and device.type != "cuda":
             print(json.dumps({"case": "options", "skipped": "Triton kernel options: CUDA only"}), flush=True)
             continue
-        for case, ms in CASES[case_set](args.n, args.rows, device, dtype, args.repeats):
+        if case_set == "triton" and device.type != "cuda" and not triton_passes.interpreted():
+            print(json.dumps({"case": "triton", "skipped": "CUDA or TRITON_INTERPRET=1 only"}), flush=True)
+            continue
+        for case, ms, *diff in CASES[case_set](args.n, args.rows, device, dtype, args.repeats):
             line = {"case": case, "N": args.n, "rows": args.rows}
+            if diff:
+                line["max_abs_diff_vs_flex"] = diff[0]
             if isinstance(ms, str):
                 line["error"] = ms
             else:
                 line["median_ms"] = round(ms, 3)
                 if case_set != "passes":
                     line["tflops"] = float(f"{flop / ms / 1e9:.3g}")
+                    line["of_ceiling"] = round(line["tflops"] / CEILING_TFLOPS, 3)
             print(json.dumps(line), flush=True)
             lines.append(line)
     if args.out:

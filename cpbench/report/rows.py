@@ -193,7 +193,8 @@ def kernels_of(rec: dict, model: dict) -> str | None:
     ``stats.cuda_graphs_denoiser``; ``model.cuda_graphs=true``), the
     backend gains ``+graphs`` (``flex+graphs``): another way to run the same point, compared
     beside the others. Where the passes over z ran as Triton kernels (``stats.passes``,
-    ``model.passes=triton``) it gains ``+triton`` (``flex+triton``)."""
+    ``model.passes=triton``) it gains ``+triton`` (``flex+triton``); where triangle attention ran
+    the Triton kernel (``stats.attention``, ``model.attention=triton``), ``+tattn``."""
     stats = rec.get("stats") or {}
     ran = stats.get("kernels")
     point = rec.get("point") or {}
@@ -203,6 +204,7 @@ def kernels_of(rec: dict, model: dict) -> str | None:
     if ran:
         replayed = "replay" in (stats.get("cuda_graphs"), stats.get("cuda_graphs_denoiser"))
         ran += "+triton" if stats.get("passes") == "triton" else ""
+        ran += "+tattn" if stats.get("attention") == "triton" else ""
         return f"{ran}+graphs" if replayed else ran
     if flops.is_reference_trunk(model):
         return model.get("kernels") or "torch"

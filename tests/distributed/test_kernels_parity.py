@@ -30,14 +30,19 @@ LEAN_BUDGET_B = 2048  # several row chunks per op, so flex sees a ragged last ch
 
 
 TRITON_BUDGET_B = 64 * 1024
-# Sizes the Triton passes take (power-of-two channels from 16: c_z, heads x head_dim, c_s; hidden 64)
-TINY_TRITON = {**TINY, "c_s": 16, "c_z": 16, "head_dim_tri": 8, "transition_factor": 4}
+# Sizes the Triton kernels take (power-of-two channels from 16: c_z, heads x head_dim, c_s; hidden 64;
+# the attention's head dim 16)
+TINY_TRITON = {**TINY, "c_s": 16, "c_z": 16, "head_dim_tri": 16, "transition_factor": 4}
+TRITON_KERNELS = ("norm_linear", "triangle_operands", "triangle_update", "gated_output", "swiglu_transition",
+                  "attention")
 
 
 def _trunk_out(backend: str, mesh, seed: int, passes: str = "inductor",
                sizes: dict = TINY) -> tuple[torch.Tensor, torch.Tensor]:
-    """(s, z) of the trunk under ``backend``; 1d/2d shards as this rank holds them."""
-    adapter = PairformerAdapter(**sizes, kernels=backend, passes=passes)
+    """(s, z) of the trunk under ``backend``; 1d/2d shards as this rank holds them. ``passes=triton``
+    runs the Triton attention too (``model.attention=triton``)."""
+    attention = "triton" if passes == "triton" else "auto"
+    adapter = PairformerAdapter(**sizes, kernels=backend, passes=passes, attention=attention)
     torch.manual_seed(seed)
     model = adapter.build_model(mesh, torch.device("cpu"))
     torch.manual_seed(seed + 1)
@@ -65,15 +70,18 @@ def _worker(rank: int, world: int, seed: int, shape: tuple[int, ...], passes: st
 
 
 def _count_triton_calls() -> dict:
-    """Wrap the Triton passes (``ops/fused.py`` looks them up at each call) to count their calls."""
-    from cpbench.models.pairformer.ops import triton_passes
+    """Wrap the Triton passes and attention (``ops/fused.py`` and ``ops/biased_attention.py`` look
+    them up at each call) to count their calls."""
+    from cpbench.models.pairformer.ops import triton_attention, triton_passes
 
     calls: dict = {}
-    for name in ("norm_linear", "triangle_operands", "triangle_update", "gated_output", "swiglu_transition"):
-        def counted(*args, _fn=getattr(triton_passes, name), _name=name, **kwargs):
+    for name in TRITON_KERNELS:
+        module = triton_attention if name == "attention" else triton_passes
+
+        def counted(*args, _fn=getattr(module, name), _name=name, **kwargs):
             calls[_name] = calls.get(_name, 0) + 1
             return _fn(*args, **kwargs)
-        setattr(triton_passes, name, counted)
+        setattr(module, name, counted)
     return calls
 
 
@@ -89,12 +97,12 @@ def test_flex_trunk_forward_matches_torch_at_cp1(shape):
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None or os.environ.get("TRITON_INTERPRET") != "1",
                     reason="Triton is not installed (pip install triton): its kernels run here in its interpreter")
 @pytest.mark.parametrize("shape", [(1,), (2,), (2, 2)], ids=["cp1", "cp2", "2x2"])
-def test_triton_passes_trunk_forward_matches_torch_at_cp1(shape):
-    """``model.passes=triton`` (every pass over z a Triton kernel, in Triton's CPU interpreter)
-    in the whole trunk, every layout, against the ``torch`` path at cp=1; each kernel ran."""
+def test_triton_kernels_trunk_forward_matches_torch_at_cp1(shape):
+    """``model.passes=triton model.attention=triton`` (every pass over z and the triangle attention
+    a Triton kernel, in Triton's CPU interpreter; the 2d ring takes its log-sum-exp) in the whole
+    trunk, every layout, against the ``torch`` path at cp=1; each kernel ran."""
     seed = int.from_bytes(os.urandom(4), "little")
     results = run_distributed(_worker, int(torch.tensor(shape).prod()), (seed, shape, "triton"))
     for rank, res in enumerate(results):
         assert res["z"] < TOL and res["s"] < TOL, (seed, shape, rank, res)
-        assert set(res["triton_calls"]) == {"norm_linear", "triangle_operands", "triangle_update", "gated_output",
-                                            "swiglu_transition"}, res["triton_calls"]
+        assert set(res["triton_calls"]) == set(TRITON_KERNELS), res["triton_calls"]

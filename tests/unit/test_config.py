@@ -95,6 +95,7 @@ def test_cuda_graphs_reaches_the_adapter_as_a_bool(overrides, graphs):
     (("model.cuda_graphs=yes",), "model.cuda_graphs"),
     (("model.compile_training=1",), "model.compile_training"),
     (("model.passes=cutlass",), "model.passes"),
+    (("model.attention=flash",), "model.attention"),
 ])
 def test_invalid_value_names_its_key(overrides, key):
     with pytest.raises(ConfigError) as err:

@@ -136,7 +136,8 @@ def test_a_torch_figure_from_another_day_is_dated_where_it_is_compared(tmp_path)
 
 def test_triton_passes_are_their_own_backend_row(tmp_path):
     """``model.passes=triton`` (``stats.passes``) runs the same point another way: ``flex+triton``
-    (``flex+triton+graphs`` when its blocks replayed a graph) beside ``flex``, never merged with it."""
+    (``flex+triton+graphs`` when its blocks replayed a graph; ``flex+triton+tattn`` with
+    ``model.attention=triton``) beside ``flex``, never merged with it."""
     root = tmp_path / "run"
     write(root, "torch", timing_record(2048, "torch", 12700.0, 9.0, "2026-12-05T05:00:00+00:00"))
     write(root, "flex", timing_record(2048, "flex", 5600.0, 8.5, "2026-12-05T05:01:00+00:00"))
@@ -146,7 +147,11 @@ def test_triton_passes_are_their_own_backend_row(tmp_path):
     graphed = timing_record(2048, "flex", 5000.0, 6.6, "2026-12-05T05:03:00+00:00")
     graphed["stats"] |= {"passes": "triton", "cuda_graphs": "replay", "graph_capture_s": 0.5}
     write(root, "triton_graphs", graphed)
+    attention = timing_record(2048, "flex", 4800.0, 6.6, "2026-12-05T05:04:00+00:00")
+    attention["stats"] |= {"passes": "triton", "attention": "triton"}
+    write(root, "triton_attention", attention)
     text = section(build_report(root)["markdown"].read_text(), "Kernel backends")
     assert "| 2,048 | flex+triton | 5,100.0 | 6.60 |" in text, text
+    assert "| 2,048 | flex+triton+tattn | 4,800.0 | 6.60 |" in text, text
     assert "| 2,048 | flex+triton+graphs | 5,000.0 | 6.60 |" in text, text
     assert "| 2,048 | flex | 5,600.0 | 8.50 |" in text, text

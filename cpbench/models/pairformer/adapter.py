@@ -97,7 +97,8 @@ class PairformerAdapter:
                  c_atom: int = 128, c_atompair: int = 16, atom_blocks: int = 3, atom_heads: int = 4,
                  c_m: int = 64, msa_blocks: int = 4, sampling: bool = False, sampling_steps: int = 200,
                  samples: int = 5, diffusion: dict | None = None, kernels: str = "auto",
-                 compile_training: bool = True, cuda_graphs: bool = False, passes: str = "inductor") -> None:
+                 compile_training: bool = True, cuda_graphs: bool = False, passes: str = "inductor",
+                 attention: str = "auto") -> None:
         if dtype not in TORCH_DTYPES and dtype != "auto":
             raise ValueError(f"dtype={dtype!r}: allowed auto, {', '.join(sorted(TORCH_DTYPES))}")
         self.sizes = dict(c_s=c_s, c_z=c_z, blocks=blocks, heads_single=heads_single, heads_tri=heads_tri,
@@ -117,6 +118,9 @@ class PairformerAdapter:
         if passes not in ops_kernels.PASSES:
             raise ValueError(f"passes={passes!r}: allowed {', '.join(ops_kernels.PASSES)}")
         self.passes = passes
+        if attention not in ops_kernels.ATTENTION:
+            raise ValueError(f"attention={attention!r}: allowed {', '.join(ops_kernels.ATTENTION)}")
+        self.attention = attention
         self.cuda_graphs = bool(cuda_graphs)  # inference at cp=1: the blocks as a replayed CUDA graph
         self._stats: dict[str, Any] = {}
 
@@ -126,6 +130,7 @@ class PairformerAdapter:
         ops_kernels.select(self.kernels, torch.device(device))
         ops_kernels.compile_training(self.compile_training)
         ops_kernels.select_passes(self.passes)
+        ops_kernels.select_attention(self.attention)
         self.dtype = TORCH_DTYPES[dtypes.resolve(self.dtype_name, torch.device(device).type)[0]]
         model = PairformerTrunk(**self.sizes).to(device=device, dtype=self.dtype)
         model.layout = layout_from_mesh(mesh)
@@ -235,9 +240,9 @@ class PairformerAdapter:
             "kernels": ops_kernels.ran(training=end_s is not None, device=device),
             "compile_s": round(ops_kernels.compile_seconds(), 3),
         }
-        passes = ops_kernels.passes_ran(training=end_s is not None, device=device)
-        if passes:
-            self._stats["passes"] = passes
+        triton_ran = {"passes": ops_kernels.passes_ran(training=end_s is not None, device=device),
+                      "attention": ops_kernels.attention_ran(training=end_s is not None, device=device)}
+        self._stats.update({key: ran for key, ran in triton_ran.items() if ran})
         if model.graphs is not None:  # model.cuda_graphs: how the last pass's blocks ran
             self._stats["cuda_graphs"] = model.graphs.state
             capture_s = model.graphs.capture_s
@@ -263,7 +268,9 @@ class PairformerAdapter:
         ``efficient``, see ``sdpa_lse``); ``kernels`` (the backend whose ops ran: ``torch``, ``flex`` or
         ``cueq``; ``torch`` for training under ``flex`` without compiled training, ``kernels.ran``),
         ``passes`` (``triton`` where the passes over z ran as ``ops/triton_passes.py``'s kernels:
-        ``model.passes=triton``, inference under ``flex`` on CUDA; absent otherwise)
+        ``model.passes=triton``, inference under ``flex`` on CUDA; absent otherwise), ``attention``
+        (``triton`` where triangle attention ran ``ops/triton_attention.py``'s kernel:
+        ``model.attention=triton``, likewise)
         and ``compile_s`` (wall seconds of ``torch.compile`` in this process so far: the first
         calls, which the timing's warmup absorbs); with ``cuda_graphs``, ``cuda_graphs`` (how the
         last pass's blocks ran: ``replay``, ``eager`` or ``capture failed: ...``,

@@ -33,6 +33,18 @@ except ImportError:  # pragma: no cover - depends on the torch version
     AuxRequest = None
 
 
+def _ta():
+    """``ops/triton_attention.py``, imported at its first use (it imports Triton)."""
+    from cpbench.models.pairformer.ops import triton_attention
+
+    return triton_attention
+
+
+def _on_triton(q: torch.Tensor) -> bool:
+    """Whether ``q``'s attention runs the Triton kernel (``model.attention=triton``, a shape it takes)."""
+    return kernels.triton_attention(q) and _ta().usable(q)
+
+
 @kernels.compiled
 def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     def score_mod(score, b, h, q_idx, kv_idx):
@@ -55,6 +67,8 @@ def _flex_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
 def biased_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """``softmax(q kᵀ/√d + bias) v`` for every row; autograd-aware under ``torch`` (and ``flex``
     on CUDA). Args and returns: see the module docstring."""
+    if _on_triton(q):
+        return _ta().attention(q, k, v, bias)
     if kernels.compiling(q) or (kernels.active() == "flex" and not torch.is_grad_enabled()):
         return _flex(q, k, v, bias)  # compiled on CUDA; eager on a CPU (forward only)
     if kernels.active() == "cueq":
@@ -67,6 +81,8 @@ def biased_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
 def biased_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(o, lse)`` of ``biased_attention`` without autograd; ``lse`` fp32 ``[rows, heads, Lq]``."""
+    if _on_triton(q):
+        return _ta().attention(q, k, v, bias, with_lse=True)
     if kernels.compiling(q) or (kernels.active() == "flex" and not q.is_cuda):
         o, lse = _flex_lse(q, k, v, bias)
         return o, lse.float()

@@ -53,12 +53,17 @@ KERNELS = ("auto", "torch", "flex", "cueq")
 # autograd: inductor's compiled regions (``ops/fused.py``) or Triton kernels that read z once per op
 # (``ops/triton_passes.py``). Training keeps the compiled regions either way.
 PASSES = ("inductor", "triton")
+# ``model.attention``: what runs triangle attention without autograd: the backend's kernel (``auto``:
+# FlexAttention under ``flex``) or, under ``flex`` on CUDA, a Triton kernel that shares each bias tile
+# among several rows (``ops/triton_attention.py``). Training keeps FlexAttention either way.
+ATTENTION = ("auto", "triton")
 # Row-chunk sizes and ops differ per call site: one static compile per shape, more than dynamo's default 8.
 RECOMPILE_LIMIT = 64
 _active = "torch"
 _compile_s = 0.0
 _compile_training = True
 _passes = "inductor"
+_attention = "auto"
 
 
 class KernelError(ValueError):
@@ -146,6 +151,29 @@ def triton_passes(like: torch.Tensor) -> bool:
     from cpbench.models.pairformer.ops import triton_passes as tp  # imports Triton only when chosen
 
     return like.is_cuda or tp.interpreted()
+
+
+def select_attention(name: str) -> None:
+    """Make ``name`` (one of ``ATTENTION``) this process's choice for triangle attention."""
+    global _attention
+    if name not in ATTENTION:
+        raise KernelError(f"model.attention={name}: one of {', '.join(ATTENTION)}")
+    _attention = name
+
+
+def triton_attention(like: torch.Tensor) -> bool:
+    """Whether triangle attention runs the Triton kernel for ``like``: ``model.attention=triton``
+    under ``flex``, on CUDA (or Triton's interpreter), without autograd."""
+    if _attention != "triton" or _active != "flex" or torch.is_grad_enabled():
+        return False
+    from cpbench.models.pairformer.ops import triton_passes as tp  # imports Triton only when chosen
+
+    return like.is_cuda or tp.interpreted()
+
+
+def attention_ran(training: bool, device: torch.device) -> str | None:
+    """``triton`` where a step's triangle attention ran the Triton kernel (``triton_attention``), else None."""
+    return "triton" if _attention == "triton" and _active == "flex" and not training and device.type == "cuda" else None
 
 
 def passes_ran(training: bool, device: torch.device) -> str | None:
