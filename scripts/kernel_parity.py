@@ -10,8 +10,9 @@ outputs and every parameter gradient, each reported as a norm-wise relative erro
 comparison and writes them all to ``--out``. Tolerances: fp32 1e-3 (TF32 matmuls and a different
 softmax order), bf16 5e-2 (bf16 rounding of every activation, over 4 blocks and a recycle).
 ``flex+triton`` is ``flex`` with ``model.passes=triton`` (the Triton passes over z,
-``ops/triton_passes.py``): its inference outputs differ from ``flex``'s; its training path is
-``flex``'s (the passes run under autograd as compiled regions).
+``ops/triton_passes.py``), ``flex+triton+tattn`` also ``model.attention=triton`` (the Triton
+triangle attention, ``ops/triton_attention.py``): their inference outputs differ from ``flex``'s;
+their training path is ``flex``'s (under autograd the compiled regions and FlexAttention run).
 """
 
 from __future__ import annotations
@@ -38,16 +39,13 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def _select(backend: str) -> tuple[str, str]:
-    """``flex+triton`` -> (``flex``, ``triton``): the kernel backend and ``model.passes``, both selected."""
-    backend, _, passes = backend.partition("+")
-    kernels.select(backend, torch.device("cuda"))
-    kernels.select_passes(passes or "inductor")
-    return backend, passes or "inductor"
+def _inference_only(choices: dict) -> bool:
+    """Whether a label's own kernels run only without autograd (its training path is ``flex``'s)."""
+    return choices["passes"] == "triton" or choices["attention"] == "triton"
 
 
 def block_run(backend: str, dtype: str, n: int, seed: int) -> dict:
-    _, passes = _select(backend)
+    choices = kernels.select_label(backend, torch.device("cuda"))
     torch.manual_seed(seed)
     block = PairformerBlock(384, 128, 16, 4, 32, 4).cuda().to(DTYPES[dtype])
     s = torch.randn(n, 384, device="cuda", dtype=DTYPES[dtype])
@@ -55,7 +53,7 @@ def block_run(backend: str, dtype: str, n: int, seed: int) -> dict:
     mask = torch.arange(n, device="cuda") < n - 7  # a few padded tokens
     with torch.no_grad():
         s_inf, z_inf = block(s.clone(), z.clone(), mask, serial_layout())
-    if passes == "triton":  # its training path is flex's
+    if _inference_only(choices):
         return {"s_inference": s_inf, "z_inference": z_inf}
     s, z = s.requires_grad_(), z.requires_grad_()
     s_out, z_out = block(s, z, mask, serial_layout())
@@ -65,15 +63,15 @@ def block_run(backend: str, dtype: str, n: int, seed: int) -> dict:
 
 
 def trunk_run(backend: str, dtype: str, n: int, seed: int) -> dict:
-    backend, passes = _select(backend)
-    adapter = PairformerAdapter(**SIZES, dtype=dtype, kernels=backend, passes=passes)
+    choices = kernels.select_label(backend, torch.device("cuda"))
+    adapter = PairformerAdapter(**SIZES, dtype=dtype, **choices)
     torch.manual_seed(seed)
     model = adapter.build_model(None, torch.device("cuda"))
     torch.manual_seed(seed + 1)
     batch = adapter.build_batch(n, 8 * n, 16, None, torch.device("cuda"))
     with torch.no_grad():
         s_inf, z_inf = model(batch, model.layout, recycles=1)
-    if passes == "triton":
+    if _inference_only(choices):
         return {"s_inference": s_inf, "z_inference": z_inf}
     s, z = model(batch, model.layout, checkpointing=True)
     trunk_loss(s, z, batch["token_mask"], model.layout).backward()
@@ -100,9 +98,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=256)
     parser.add_argument("--out", default=None)
     parser.add_argument("--backends", nargs="+", default=None,
-                        help="default: flex, flex+triton and cueq where it imports")
+                        help="default: flex, flex+triton, flex+triton+tattn and cueq where it imports")
     args = parser.parse_args()
-    backends = args.backends or ["flex", "flex+triton"] + (["cueq"] if _cueq_available() else [])
+    backends = args.backends or ["flex", "flex+triton", "flex+triton+tattn"] + (["cueq"] if _cueq_available() else [])
     lines = []
     for backend in backends:
         for dtype in ("fp32", "bf16"):

@@ -13,7 +13,8 @@ no autograd, each op on the pair the block hands it, transposes included, under 
 agreed chunk budget as the trunk runs it: ``agreed_chunks``; outside it every op took the
 near-limit path, e.g. the single attention's eager LayerNorm, until 2026-12-05), under each backend
 of ``--kernels`` in turn (``flex+triton``: ``flex`` with ``model.passes=triton``, the Triton passes
-over z of ``ops/triton_passes.py``). ``--warmup`` untimed blocks (the ``flex`` regions compile there), then
+over z of ``ops/triton_passes.py``; ``flex+triton+tattn`` also ``model.attention=triton``).
+``--warmup`` untimed blocks (the ``flex`` regions compile there), then
 every op timed by a synchronized wall clock, median of ``--repeats`` blocks. Per backend:
 ``op_ms``, ``block_ms``, analytic TFLOP/s per op and for the block
 (``cpbench.models.pairformer.flops``), ``peak_gib``, ``compile_s``; with ``--kernel-rows K`` one
@@ -162,11 +163,10 @@ def _kernel_table(ops: list, s: torch.Tensor, z: torch.Tensor, top: int) -> dict
 
 
 def _block_setup(n_tokens: int, backend: str, device: torch.device, dtype: str) -> tuple:
-    """``(s, z, ops)`` of one block at ``n_tokens`` under ``backend`` (``flex+triton``: ``flex`` with
-    ``model.passes=triton``), weights and inputs from seed 0."""
-    backend, _, passes = backend.partition("+")
-    kernels.select(backend, device)
-    kernels.select_passes(passes or "inductor")
+    """``(s, z, ops)`` of one block at ``n_tokens`` under ``backend`` (a label: ``flex+triton`` is
+    ``flex`` with ``model.passes=triton``, ``+tattn`` adds ``model.attention=triton``;
+    ``kernels.choices_of``), weights and inputs from seed 0."""
+    kernels.select_label(backend, device)
     torch.manual_seed(0)
     block = PairformerBlock(**SIZES).to(device, DTYPES[dtype])
     z = torch.randn(n_tokens, n_tokens, SIZES["c_z"], device=device, dtype=DTYPES[dtype])

@@ -176,6 +176,28 @@ def attention_ran(training: bool, device: torch.device) -> str | None:
     return "triton" if _attention == "triton" and _active == "flex" and not training and device.type == "cuda" else None
 
 
+def choices_of(label: str) -> dict[str, str]:
+    """The choices a backend label names, as the report writes them (``report/rows.kernels_of``)
+    and the GPU scripts take them: ``flex+triton+tattn`` -> ``{"kernels": "flex", "passes":
+    "triton", "attention": "triton"}`` (``+triton``: ``model.passes=triton``; ``+tattn``:
+    ``model.attention=triton``)."""
+    backend, *parts = label.split("+")
+    unknown = set(parts) - {"triton", "tattn"}
+    if unknown:
+        raise KernelError(f"{label}: a backend then +triton (the passes) and/or +tattn (the attention); not {unknown}")
+    return {"kernels": backend, "passes": "triton" if "triton" in parts else "inductor",
+            "attention": "triton" if "tattn" in parts else "auto"}
+
+
+def select_label(label: str, device: torch.device) -> dict[str, str]:
+    """Select what ``label`` names (``choices_of``) for this process; returns the choices."""
+    choices = choices_of(label)
+    select(choices["kernels"], device)
+    select_passes(choices["passes"])
+    select_attention(choices["attention"])
+    return choices
+
+
 def passes_ran(training: bool, device: torch.device) -> str | None:
     """``triton`` where a step's passes over z ran as the Triton kernels (``triton_passes``), else None."""
     return "triton" if _passes == "triton" and _active == "flex" and not training and device.type == "cuda" else None

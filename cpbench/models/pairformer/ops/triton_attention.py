@@ -4,9 +4,10 @@
 Triangle attention runs ``rows × heads`` attentions of ``N`` queries and ``N`` keys of head dim 32,
 all adding the same ``[heads, N, N]`` bias. FlexAttention reads the bias in ``score_mod``: every
 program of a row loads its ``[BLOCK_M, BLOCK_N]`` tile of the bias for every key block, so at
-N=2,048 one op reads ``rows · heads · N² · 2`` bytes = 69 GB of bias (bf16), twice what it reads of
-keys and values (34 GB), for 4.4 TFLOP of matmuls; on one H200 its kernel took 19.4 ms per op
-(214 TFLOP/s; ``docs/perf_notes.md``), about the time that ~100 GB take through the L2 cache.
+N=2,048 (cp=1) one op loads ``rows · heads · N² · 2`` bytes = 69 GB of bias (bf16), against 34 GB of
+keys and values (128-query blocks) and 4.4 TFLOP of matmuls; on one H200 its kernel took 19.4 ms
+per op (214 TFLOP/s; ``docs/perf_notes.md``). Whether those loads (the L2 cache may serve many) are what bounds
+it is not measured; ``scripts/flex_microbench.py --cases triton`` times this kernel beside flex.
 
 Here one program owns ``BLOCK_M`` queries of one head for ``ROWS`` rows: for each key block it
 loads the bias tile once and uses it for all ``ROWS`` rows (a batched ``tl.dot`` over
