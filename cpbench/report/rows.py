@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from cpbench.models.foldcp import package as foldcp_package
 from cpbench.models.pairformer import flops
 from cpbench.models.stock import stock_model_of
 from cpbench.report.mfu import achieved_tflops_per_gpu, peak_tflops
@@ -166,6 +167,7 @@ def _row(path: Path, rec: dict, root: Path, peak_tflops_cfg: float | None) -> di
         "model": model_label(rec), "stock": stock_title(model), "dtype": point.get("dtype"), "device": point.get("device"),
         "MSA_seq": point.get("S"), "CP config": cp_config_label(point), "emulated": bool(point.get("emulated")),
         "message": _first_line(rec.get("message")), "date": env.get("date"), "command": command_of(rec),
+        "version": version_of(rec),
         "result": str(path.relative_to(root)) if path.is_relative_to(root) else str(path),
     }
     if rec.get("routine") == "probe":
@@ -208,7 +210,17 @@ def kernels_of(rec: dict, model: dict) -> str | None:
         return f"{ran}+graphs" if replayed else ran
     if flops.is_reference_trunk(model):
         return model.get("kernels") or "torch"
-    return None
+    return foldcp_package.chosen_kernels_label(model)  # a peer's point that failed before recording them
+
+
+def version_of(rec: dict) -> str | None:
+    """What ran: the model's own package where its adapter names it (``stats.package``: ``boltz
+    2.2.1 (Fold-CP 15f9775)``), else cpbench's commit (``cpbench 480eb0b``); None where neither is known."""
+    package = (rec.get("stats") or {}).get("package")
+    if package:
+        return str(package)
+    commit = (rec.get("env") or {}).get("git_commit")
+    return f"cpbench {commit}" if commit else None
 
 
 def _first_line(message: str | None) -> str:

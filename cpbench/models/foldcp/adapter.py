@@ -174,7 +174,7 @@ class FoldCPBoltz2Adapter:
     def stats(self) -> dict[str, Any]:
         """The last step's ``stage_ms`` (inference: trunk, summed over the passes; training:
         forward, backward_optimizer), on CUDA ``stage_peak_gib``, the ``kernels`` that ran (one
-        label, ``kernels_label``; ``kernel_backends`` by kind), the ``package`` (version and
+        label, ``package.kernels_label``; ``kernel_backends`` by kind), the ``package`` (version and
         Fold-CP commit) and the ``grid`` (``dp x cp_axis_0 x cp_axis_1``)."""
         return dict(self._stats)
 
@@ -188,17 +188,12 @@ class FoldCPBoltz2Adapter:
 
     def _record(self, timer: StageTimer) -> None:
         mesh = self._manager.device_mesh_subgroups
-        self._stats = {"stage_ms": timer.ms(), "kernels": kernels_label(self.kernels), "kernel_backends": dict(self.kernels),
-                       "package": package.version_label(), "grid": "x".join(str(n) for n in mesh.shape)}
+        self._stats = {"stage_ms": timer.ms(), "kernels": package.kernels_label(self.kernels),
+                       "kernel_backends": dict(self.kernels), "package": package.version_label(),
+                       "grid": "x".join(str(n) for n in mesh.shape)}
         peaks = timer.peaks_gib()
         if peaks:
             self._stats["stage_peak_gib"] = peaks
-
-
-def kernels_label(kernels: dict[str, str]) -> str:
-    """One label for the report's ``kernels`` column: the triangle-attention backend, ``+flex``
-    where the pair-bias attention ran Fold-CP's flex path (``reference``, ``trifast+flex``)."""
-    return kernels["tri_attn"] + ("+flex" if kernels["pair_bias"] == "torch_flex_attn" else "")
 
 
 def trunk_loss(s: Any, z: Any, batch: FoldCPBatch) -> torch.Tensor:

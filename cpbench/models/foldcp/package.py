@@ -42,6 +42,22 @@ class FoldCPPackageError(ImportError):
     """Fold-CP's trunk does not import; the message is one line naming the install command."""
 
 
+def kernels_label(kernels: dict[str, str]) -> str:
+    """One label for the report's ``kernels`` column: the triangle-attention backend, ``+flex``
+    where the pair-bias attention ran Fold-CP's flex path (``reference``, ``trifast+flex``)."""
+    return kernels["tri_attn"] + ("+flex" if kernels["pair_bias"] == "torch_flex_attn" else "")
+
+
+def chosen_kernels_label(model: dict) -> str | None:
+    """``kernels_label`` of a config that names both backends (``model.tri_attn_backend``,
+    ``model.pair_bias_backend``, neither ``auto``): what a point that failed before it recorded
+    its kernels would have run; None where one was ``auto`` (resolved on the worker) or absent."""
+    tri, pair = model.get("tri_attn_backend"), model.get("pair_bias_backend")
+    if tri in (None, "auto") or pair in (None, "auto"):
+        return None
+    return kernels_label({"tri_attn": tri, "pair_bias": pair})
+
+
 def is_foldcp_installed() -> bool:
     """Whether the installed ``boltz`` is Fold-CP's (it has ``boltz.distributed``)."""
     return module_present(CP_PACKAGE)

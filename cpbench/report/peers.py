@@ -1,0 +1,156 @@
+"""Peer CP implementations: the reference trunk beside another team's CP trunk measured through
+the same hooks and routines (Fold-CP, ``model=foldcp/*``; ``docs/peers.md``).
+
+Rows pair up by configuration: workflow, CP config (emulated or not), dtype, device and the
+trunk's sizes, and by kernel class: ``plain`` where both run PyTorch's own ops (the reference
+under ``model.kernels=torch``, Fold-CP with ``reference`` triangle and pair-bias attention),
+``fastest`` where each runs its fastest kernels available there. Only the reference's trunk
+without an MSA module (``model.msa_blocks=0``, no sampling) compares: Fold-CP's trunk has none.
+Per pair: max N (``≥`` where a lower bound), the trunk's time and per-rank peak at each N both
+timed, and that peak in units of one bf16/fp32 pair shard (``[N²/K, c_z]``, what a rank must
+hold at least): how much each keeps per rank beyond its share of z. Failed points keep their
+status, so a peer that has not run yet says why.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from cpbench.report.analysis import best_fit, is_lower_bound
+from cpbench.report.rows import STAGE_PREFIX, day_of
+
+REFERENCE = "reference"
+PEERS = {"foldcp-": "Fold-CP"}  # model name prefix -> implementation
+REFERENCE_TRUNK_ONLY = "model.msa_blocks=0"
+PLAIN_KERNELS = {"torch", "reference"}  # the reference's model.kernels=torch; Fold-CP's reference backends
+CONFIG = ["workflow", "CP config", "dtype", "device", "sizes", "kernel class"]
+DASH = "—"
+
+
+def implementation(model: str | None) -> tuple[str, str] | None:
+    """``(implementation, sizes)`` of a model label, None where it is not compared: ``reference``
+    for the reference trunk without an MSA module (``boltz2 [model.msa_blocks=0 ...]``), the
+    peer's name for a peer; ``sizes`` the other size overrides (``model.blocks=2``), "" for none."""
+    if not isinstance(model, str):
+        return None
+    name, _, rest = model.partition(" [")
+    overrides = rest.rstrip("]").split()
+    if name == "boltz2":
+        if REFERENCE_TRUNK_ONLY not in overrides:
+            return None
+        overrides.remove(REFERENCE_TRUNK_ONLY)
+        return REFERENCE, " ".join(overrides)
+    peer = next((title for prefix, title in PEERS.items() if name.startswith(prefix)), None)
+    return (peer, " ".join(overrides)) if peer else None
+
+
+def peer_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows the section compares, with ``implementation``, ``sizes`` and ``kernel class``;
+    only configurations where a peer ran (ok or not)."""
+    if rows.empty or "model" not in rows:
+        return pd.DataFrame()
+    impl = rows["model"].map(implementation)
+    sel = rows[impl.notna() & (rows["workflow"].isin(["inference", "training"]))].copy()
+    if sel.empty:
+        return sel
+    sel["implementation"] = impl[sel.index].map(lambda v: v[0])
+    sel["sizes"] = impl[sel.index].map(lambda v: v[1])
+    sel["kernel class"] = sel["kernels"].map(lambda k: "plain" if k in PLAIN_KERNELS else "fastest")
+    has_peer = sel.groupby(CONFIG, dropna=False)["implementation"].transform(lambda s: (s != REFERENCE).any())
+    return sel[has_peer]
+
+
+def _trunk_ms(row: pd.Series) -> float | None:
+    """The trunk stage's time where the adapter timed it (both do for inference), else the step's."""
+    trunk = row.get(STAGE_PREFIX + "trunk")
+    return float(trunk) if row["workflow"] == "inference" and pd.notna(trunk) else row.get("walltime (ms)")
+
+
+def pair_shard_gib(n_tokens: int, cp: int, dtype: str, c_z: int = 128) -> float:
+    """GiB of one rank's share of z: ``N²/K · c_z`` elements in the compute dtype."""
+    return n_tokens * n_tokens / cp * c_z * (2 if dtype == "bf16" else 4) / 2**30
+
+
+def _version(group: pd.DataFrame, impl: str) -> str:
+    """The latest version a group's rows record; a peer's point that failed before naming its
+    package says only which cpbench ran it."""
+    known = group["version"].dropna() if "version" in group else pd.Series(dtype=object)
+    if known.empty:
+        return DASH
+    named = known[~known.str.startswith("cpbench ")] if impl != REFERENCE else known
+    return named.iloc[-1] if not named.empty else f"{DASH} (run by {known.iloc[-1]})"
+
+
+def _max_n_cell(group: pd.DataFrame) -> str:
+    fits = group[(group["row"] == "max-fit") & group["N_tokens"].notna()]
+    if fits.empty:
+        return DASH
+    best = best_fit(fits)
+    n = int(best["N_tokens"].iloc[0])
+    return f"{'≥ ' if bool(is_lower_bound(best).iloc[0]) else ''}{n:,}"
+
+
+def _latest_timings(group: pd.DataFrame) -> dict[int, pd.Series]:
+    """N -> the latest timing row at that N (ok or not; an ok row wins over a later failure)."""
+    timing = group[(group["row"] == "timing") & group["N_tokens"].notna()]
+    out: dict[int, pd.Series] = {}
+    for n, at_n in timing.groupby("N_tokens"):
+        at_n = at_n.assign(_ok=at_n["status"] == "ok", _date=at_n["date"].fillna("")).sort_values(["_ok", "_date"])
+        out[int(n)] = at_n.iloc[-1]
+    return out
+
+
+def peers_section(rows: pd.DataFrame) -> str:
+    """``## Peer CP implementations`` (see the module docstring)."""
+    table = peer_rows(rows)
+    head = "## Peer CP implementations"
+    if table.empty:
+        return head + "\n\nNo peer implementation (`model=foldcp/*`) was run here."
+    text = [head, "", "The reference trunk (`model=boltz2 model.msa_blocks=0`, trunk only) beside each peer, per "
+            "configuration and kernel class (`plain`: both on PyTorch's own ops; `fastest`: each on its fastest "
+            "kernels here). Time: the trunk stage (inference) or the step (training), median. Peak: per rank, "
+            "allocated; `× z shard`: that peak over one rank's share of the pair tensor (`N²/K · 128` elements). "
+            "Ratios: peer over reference, at the same N. `≥`: a lower bound.", ""]
+    for config, same in table.groupby(CONFIG, dropna=False, sort=True):
+        workflow, cp_config, dtype, device, sizes, klass = config
+        sizes_note = f", {sizes}" if sizes else ""
+        text += [f"**{workflow}, {cp_config}, {dtype} on {device}{sizes_note}, {klass} kernels**", "",
+                 "| implementation | version | kernels | max N | N | time (ms) | peak (GiB) | × z shard | status | date |",
+                 "|---|---|---|---|---|---|---|---|---|---|"]
+        timings = {}
+        for impl, group in same.groupby("implementation", sort=False):
+            timings[impl] = _latest_timings(group)
+            version = _version(group, impl)
+            kernels = ", ".join(sorted(group["kernels"].dropna().astype(str).unique())) or DASH
+            max_n = _max_n_cell(group)
+            for n, r in sorted(timings[impl].items()) or [(None, None)]:
+                if r is None or r["status"] != "ok":
+                    status = DASH if r is None else f"{r['status']}: {r.get('message') or ''}".rstrip(": ")
+                    text.append(f"| {impl} | {version} | {kernels} | {max_n} | {'' if n is None else f'{n:,}'} | "
+                                f"{DASH} | {DASH} | {DASH} | {status} | {'' if r is None else day_of(r.get('date'))} |")
+                    continue
+                ms, peak = _trunk_ms(r), r.get("peak_mem (GiB)")
+                shard = pair_shard_gib(n, int(r["cp"]), str(dtype))
+                text.append(f"| {impl} | {version} | {kernels} | {max_n} | {n:,} | {ms:,.1f} | "
+                            f"{'' if pd.isna(peak) else f'{peak:.2f}'} | "
+                            f"{'' if pd.isna(peak) else f'{peak / shard:.2f}'} | ok | {day_of(r.get('date'))} |")
+        text += [""] + _ratios(timings) + [""]
+    return "\n".join(text).rstrip() + "\n"
+
+
+def _ratios(timings: dict[str, dict[int, pd.Series]]) -> list[str]:
+    """One line per peer and N both ran ok: time and peak, peer over reference."""
+    ref = timings.get(REFERENCE) or {}
+    lines = []
+    for impl, by_n in timings.items():
+        if impl == REFERENCE:
+            continue
+        for n, r in sorted(by_n.items()):
+            base = ref.get(n)
+            if base is None or base["status"] != "ok" or r["status"] != "ok":
+                continue
+            parts = [f"time {_trunk_ms(r) / _trunk_ms(base):.2f}×"]
+            if pd.notna(r.get("peak_mem (GiB)")) and pd.notna(base.get("peak_mem (GiB)")):
+                parts.append(f"peak {r['peak_mem (GiB)'] / base['peak_mem (GiB)']:.2f}×")
+            lines.append(f"{impl} / reference at N={n:,}: " + ", ".join(parts) + ".")
+    return lines or ["No N where both ran ok: no ratio yet."]
