@@ -10,9 +10,9 @@ outputs and every parameter gradient, each reported as a norm-wise relative erro
 comparison and writes them all to ``--out``. Tolerances: fp32 1e-3 (TF32 matmuls and a different
 softmax order), bf16 5e-2 (bf16 rounding of every activation, over 4 blocks and a recycle).
 ``flex+triton`` is ``flex`` with ``model.passes=triton`` (the Triton passes over z,
-``ops/triton_passes.py``), ``flex+triton+tattn`` also ``model.attention=triton`` (the Triton
-triangle attention, ``ops/triton_attention.py``): their inference outputs differ from ``flex``'s;
-their training path is ``flex``'s (under autograd the compiled regions and FlexAttention run).
+``ops/triton_passes.py``; in training with their Triton backward, ``ops/triton_backward.py``),
+``flex+triton+tattn`` also ``model.attention=triton`` (the Triton triangle attention,
+``ops/triton_attention.py``, inference only: its training path runs FlexAttention).
 """
 
 from __future__ import annotations
@@ -39,13 +39,8 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def _inference_only(choices: dict) -> bool:
-    """Whether a label's own kernels run only without autograd (its training path is ``flex``'s)."""
-    return choices["passes"] == "triton" or choices["attention"] == "triton"
-
-
 def block_run(backend: str, dtype: str, n: int, seed: int) -> dict:
-    choices = kernels.select_label(backend, torch.device("cuda"))
+    kernels.select_label(backend, torch.device("cuda"))
     torch.manual_seed(seed)
     block = PairformerBlock(384, 128, 16, 4, 32, 4).cuda().to(DTYPES[dtype])
     s = torch.randn(n, 384, device="cuda", dtype=DTYPES[dtype])
@@ -53,8 +48,6 @@ def block_run(backend: str, dtype: str, n: int, seed: int) -> dict:
     mask = torch.arange(n, device="cuda") < n - 7  # a few padded tokens
     with torch.no_grad():
         s_inf, z_inf = block(s.clone(), z.clone(), mask, serial_layout())
-    if _inference_only(choices):
-        return {"s_inference": s_inf, "z_inference": z_inf}
     s, z = s.requires_grad_(), z.requires_grad_()
     s_out, z_out = block(s, z, mask, serial_layout())
     (s_out.float().square().mean() + z_out.float().square().mean()).backward()
@@ -71,8 +64,6 @@ def trunk_run(backend: str, dtype: str, n: int, seed: int) -> dict:
     batch = adapter.build_batch(n, 8 * n, 16, None, torch.device("cuda"))
     with torch.no_grad():
         s_inf, z_inf = model(batch, model.layout, recycles=1)
-    if _inference_only(choices):
-        return {"s_inference": s_inf, "z_inference": z_inf}
     s, z = model(batch, model.layout, checkpointing=True)
     trunk_loss(s, z, batch["token_mask"], model.layout).backward()
     return {"s_inference": s_inf, "z_inference": z_inf, "s": s.detach(), "z": z.detach(),

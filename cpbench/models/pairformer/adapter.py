@@ -268,9 +268,9 @@ class PairformerAdapter:
         ``efficient``, see ``sdpa_lse``); ``kernels`` (the backend whose ops ran: ``torch``, ``flex`` or
         ``cueq``; ``torch`` for training under ``flex`` without compiled training, ``kernels.ran``),
         ``passes`` (``triton`` where the passes over z ran as ``ops/triton_passes.py``'s kernels:
-        ``model.passes=triton``, inference under ``flex`` on CUDA; absent otherwise), ``attention``
+        ``model.passes=triton`` under ``flex`` on CUDA, inference or compiled training; absent otherwise), ``attention``
         (``triton`` where triangle attention ran ``ops/triton_attention.py``'s kernel:
-        ``model.attention=triton``, likewise)
+        ``model.attention=triton``, inference under ``flex`` on CUDA)
         and ``compile_s`` (wall seconds of ``torch.compile`` in this process so far: the first
         calls, which the timing's warmup absorbs); with ``cuda_graphs``, ``cuda_graphs`` (how the
         last pass's blocks ran: ``replay``, ``eager`` or ``capture failed: ...``,

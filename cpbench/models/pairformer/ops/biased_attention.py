@@ -80,7 +80,10 @@ def biased_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
 
 def biased_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(o, lse)`` of ``biased_attention`` without autograd; ``lse`` fp32 ``[rows, heads, Lq]``."""
+    """``(o, lse)`` of ``biased_attention`` without autograd; ``lse`` fp32 ``[rows, heads, Lq]``.
+    The inputs are detached: the 2d ring calls this inside an autograd function's forward, where
+    they still say ``requires_grad``, which eager FlexAttention refuses on a CPU."""
+    q, k, v, bias = (t.detach() for t in (q, k, v, bias))
     if _on_triton(q):
         return _ta().attention(q, k, v, bias, with_lse=True)
     if kernels.compiling(q) or (kernels.active() == "flex" and not q.is_cuda):

@@ -15,10 +15,12 @@ z, as the serial layout's Z^T ops get it, ran at less than half the contiguous a
 H200). Near the memory limit (``chunking.near_limit``) each public function here keeps the eager
 add or copy after its compiled pass (the private ``_`` twin that ``kernels.compiled`` wraps).
 
-Under ``model.passes=triton`` (inference, ``flex`` on CUDA: ``kernels.triton_passes``) each public
-function runs its Triton kernel instead (``ops/triton_passes.py``: LayerNorm, projection, gates and
-the residual add in one pass that reads z once, writing in place with no transient tensor), where
-the shapes suit it (``triton_passes.usable``: power-of-two channels); otherwise the compiled region.
+Under ``model.passes=triton`` (``flex`` on CUDA: ``kernels.triton_passes``) each public function
+runs its Triton kernel instead (``ops/triton_passes.py``: LayerNorm, projection, gates and the
+residual add in one pass that reads z once, writing in place with no transient tensor), where the
+shapes suit it (``triton_passes.usable``: power-of-two channels); otherwise the compiled region.
+Under autograd (compiled training) the out-of-place calls run the same kernels as autograd
+functions with a Triton backward (``ops/triton_backward.py``).
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ from cpbench.models.pairformer.ops.layer_norm import layer_norm
 from cpbench.models.pairformer.parallel import chunking
 
 
-def _on_triton(x: torch.Tensor, *channels: int) -> bool:
+def _on_triton(x: torch.Tensor, *channels: int, in_place: bool = False) -> bool:
     """Whether ``x``'s pass runs as a Triton kernel (``model.passes=triton``, shapes it takes:
-    ``[rows, c]`` or ``[r, N, c]``, ``channels`` each a size ``triton_passes.usable`` takes)."""
-    return kernels.triton_passes(x) and x.dim() <= 3 and all(_tp().usable(x, c) for c in channels)
+    ``[rows, c]`` or ``[r, N, c]``, ``channels`` each a size ``triton_passes.usable`` takes); under
+    autograd only out of place (``in_place``: a residual, accumulator or output buffer)."""
+    return (kernels.triton_passes(x) and x.dim() <= 3 and all(_tp().usable(x, c) for c in channels)
+            and not (in_place and torch.is_grad_enabled()))
 
 
 def _tp():
@@ -44,10 +48,20 @@ def _tp():
     return triton_passes
 
 
+def _triton():
+    """The Triton kernels to call: ``ops/triton_passes.py``'s, or under autograd
+    ``ops/triton_backward.py``'s (the same kernels as autograd functions, out of place only)."""
+    if torch.is_grad_enabled():
+        from cpbench.models.pairformer.ops import triton_backward
+
+        return triton_backward
+    return _tp()
+
+
 def norm_linear(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor | None, w: torch.Tensor) -> torch.Tensor:
     """``LayerNorm(x) @ wᵀ``: ``x: [rows, c]``, ``w: [out, c]`` -> ``[rows, out]``."""
     if _on_triton(x, x.shape[-1]):
-        return _tp().norm_linear(x, ln_w, ln_b, w)
+        return _triton().norm_linear(x, ln_w, ln_b, w)
     return _norm_linear(x, ln_w, ln_b, w)
 
 
@@ -60,8 +74,8 @@ def swiglu_transition(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w
                       w_out: torch.Tensor, residual: bool = False) -> torch.Tensor:
     """The transition's update ``W_out(silu(a) * b)``, ``[a; b] = W_in LN(x)``: ``x: [rows, c]``;
     with ``residual``, ``x += update`` in place and ``x`` returned."""
-    if _on_triton(x, x.shape[-1]) and _tp().swiglu_hidden_ok(w_out.shape[1]):
-        return _tp().swiglu_transition(x, ln_w, ln_b, w_in, w_out, residual)
+    if _on_triton(x, x.shape[-1], in_place=residual) and _tp().swiglu_hidden_ok(w_out.shape[1]):
+        return _triton().swiglu_transition(x, ln_w, ln_b, w_in, w_out, residual)
     if residual and chunking.near_limit(x):
         return x.add_(_swiglu_transition(x, ln_w, ln_b, w_in, w_out, False))
     return _swiglu_transition(x, ln_w, ln_b, w_in, w_out, residual)
@@ -79,8 +93,8 @@ def gated_output(o: torch.Tensor, g: torch.Tensor, w_out: torch.Tensor,
                  acc: torch.Tensor | None = None) -> torch.Tensor:
     """``W_out(o * sigmoid(g))``: ``o, g: [rows, h·d]`` -> ``[rows, c]``; with ``acc: [rows, c]``,
     ``acc += W_out(...)`` in place and ``acc`` returned."""
-    if _on_triton(o, o.shape[-1], w_out.shape[0]):
-        return _tp().gated_output(o, g, w_out, acc)
+    if _on_triton(o, o.shape[-1], w_out.shape[0], in_place=acc is not None):
+        return _triton().gated_output(o, g, w_out, acc)
     if acc is not None and chunking.near_limit(acc):
         return acc.add_(_gated_output(o, g, w_out, None))
     return _gated_output(o, g, w_out, acc)
@@ -101,8 +115,8 @@ def triangle_operands(z: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w
     Returns ``(a, b)``, each ``[k, r, N]`` (channel-first: the layout the product batches over),
     written into ``a_out`` and ``b_out`` (views of the same shape, any strides) when given.
     """
-    if _on_triton(z, z.shape[-1]) and _tp().operand_channels_ok(w.shape[0] // 4):
-        return _tp().triangle_operands(z, ln_w, ln_b, w, mask, a_out, b_out)
+    if _on_triton(z, z.shape[-1], in_place=a_out is not None) and _tp().operand_channels_ok(w.shape[0] // 4):
+        return _triton().triangle_operands(z, ln_w, ln_b, w, mask, a_out, b_out)
     if a_out is not None and chunking.near_limit(z):
         a, b = _triangle_operands(z, ln_w, ln_b, w, mask, None, None)
         return a_out.copy_(a), b_out.copy_(b)
@@ -129,8 +143,8 @@ def triangle_update(x: torch.Tensor, z: torch.Tensor, ln_x_w: torch.Tensor, ln_x
     ``x: [r, N, c]``, ``z: [r, N, c_z]`` -> ``[r, N, c_z]``; with ``residual``, ``z += update``
     in place and ``z`` returned."""
     weights = (ln_x_w, ln_x_b, ln_z_w, ln_z_b, w_out, w_gate)
-    if _on_triton(z, x.shape[-1], z.shape[-1]):
-        return _tp().triangle_update(x, z, *weights, residual)
+    if _on_triton(z, x.shape[-1], z.shape[-1], in_place=residual):
+        return _triton().triangle_update(x, z, *weights, residual)
     if residual and chunking.near_limit(z):
         return z.add_(_triangle_update(x, z, *weights, False))
     return _triangle_update(x, z, *weights, residual)

@@ -34,7 +34,9 @@ gradient forces), so it is the default since commit a9aacd9 (2026-12-02). Each n
 (a probe point is one step in a fresh process: 51.4 s of compilation in the headline sweep's
 lean training point at N=2,048; 23.5 s for a 2-block step there), and the
 training chunk budgets take a handful of values (``chunking.training_budget_bytes``) so a step
-compiles a handful of chunk shapes. On a CPU flex has no backward, so CPU training always runs
+compiles a handful of chunk shapes. With ``model.passes=triton`` compiled training runs the
+Triton passes with their Triton backward (``ops/triton_backward.py``) instead of the compiled
+regions. On a CPU flex has no backward, so CPU training always runs
 the ``torch`` path.
 """
 
@@ -49,9 +51,9 @@ from typing import Callable
 import torch
 
 KERNELS = ("auto", "torch", "flex", "cueq")
-# ``model.passes``: what runs the memory-bound passes over z under ``flex`` on CUDA, without
-# autograd: inductor's compiled regions (``ops/fused.py``) or Triton kernels that read z once per op
-# (``ops/triton_passes.py``). Training keeps the compiled regions either way.
+# ``model.passes``: what runs the memory-bound passes over z under ``flex`` on CUDA: inductor's
+# compiled regions (``ops/fused.py``) or Triton kernels that read z once per op
+# (``ops/triton_passes.py``; in compiled training with their Triton backward, ``ops/triton_backward.py``).
 PASSES = ("inductor", "triton")
 # ``model.attention``: what runs triangle attention without autograd: the backend's kernel (``auto``:
 # FlexAttention under ``flex``) or, under ``flex`` on CUDA, a Triton kernel that shares each bias tile
@@ -145,8 +147,8 @@ def select_passes(name: str) -> None:
 
 def triton_passes(like: torch.Tensor) -> bool:
     """Whether the Triton passes run for ``like``: ``model.passes=triton`` under ``flex``, on CUDA
-    (or Triton's interpreter), without autograd."""
-    if _passes != "triton" or _active != "flex" or torch.is_grad_enabled():
+    (or Triton's interpreter), without autograd or in compiled training (``compile_training``)."""
+    if _passes != "triton" or _active != "flex" or (torch.is_grad_enabled() and not _compile_training):
         return False
     from cpbench.models.pairformer.ops import triton_passes as tp  # imports Triton only when chosen
 
@@ -199,8 +201,10 @@ def select_label(label: str, device: torch.device) -> dict[str, str]:
 
 
 def passes_ran(training: bool, device: torch.device) -> str | None:
-    """``triton`` where a step's passes over z ran as the Triton kernels (``triton_passes``), else None."""
-    return "triton" if _passes == "triton" and _active == "flex" and not training and device.type == "cuda" else None
+    """``triton`` where a step's passes over z ran as the Triton kernels (``triton_passes``; in
+    training, the compiled training path), else None."""
+    ran_triton = _passes == "triton" and _active == "flex" and device.type == "cuda" and (_compile_training or not training)
+    return "triton" if ran_triton else None
 
 
 def compiling(like: torch.Tensor | None) -> bool:

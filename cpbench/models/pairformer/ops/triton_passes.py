@@ -23,7 +23,7 @@ columns (or, in the transition, the hidden channels) in blocks, so z is read onc
 width of the projection. Every tensor is addressed through its strides as ``[R, N, C]`` (any view: the transposed pair of
 the serial layout, row slices, channel-first operands), with 64-bit offsets (pair shards pass
 2**31 elements). Rows are independent, so a kernel may write in place over the rows it read.
-Forward only: training keeps the compiled regions (their backward is inductor's).
+These are the forward kernels; ``ops/triton_backward.py`` gives them a Triton backward for training.
 
 ``TRITON_INTERPRET=1`` runs these kernels on a CPU (Triton's interpreter, with CPU tensors): the
 parity tests do that (``tests/unit/test_triton_passes.py``), against the ``torch`` functions.
