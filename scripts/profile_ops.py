@@ -37,7 +37,9 @@ on. One ``--variant`` per process (the kernel selection is process-wide):
   checkpointed with its ops checkpointed inside (``model.compile_training=false``);
 * ``eager_block``: the same with only the block checkpointed: what the nested checkpoints cost
   in recompute;
-* ``compiled``: ``kernels=flex`` with ``compile_training=True`` (the default training path on CUDA).
+* ``compiled``: ``kernels=flex`` with ``compile_training=True`` (the default training path on CUDA);
+* ``compiled_triton``: the same with ``model.passes=triton`` (the Triton passes and their Triton
+  backward, ``ops/triton_backward.py``).
 
 ``--lean`` runs the step under the lean chunk budgets of a probe's fitting point. Reported: the
 first step (compilation included) and ``compile_s``, the median of ``--repeats`` further steps,
@@ -299,8 +301,10 @@ def profile_training(n_tokens: int, blocks: int, variant: str, repeats: int, lea
     mesh = one_rank_mesh(device, port)
     if variant == "eager_block":  # the block checkpointed, its ops not
         block_module.op_runner = lambda z, layout, checkpoint_ops: (lambda op, *a: op(*a))
-    workflow = dict(TRUNK_ONLY, checkpointing=True, compile_training=variant == "compiled")
-    backend = "flex" if variant == "compiled" else "torch"
+    compiled = variant.startswith("compiled")
+    workflow = dict(TRUNK_ONLY, checkpointing=True, compile_training=compiled,
+                    passes="triton" if variant == "compiled_triton" else "inductor")
+    backend = "flex" if compiled else "torch"
     adapter, model, batch = trunk_setup(n_tokens, blocks, backend, mesh, device, dtype=dtype, workflow=workflow)
     row = dict(mode="train", variant=variant, N=n_tokens, blocks=blocks, lean=lean, dtype=dtype,
                device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", torch=torch.__version__)
@@ -357,7 +361,7 @@ def main() -> None:
     child.add_argument("--warmup", type=int, default=1)
     trn = modes.add_parser("train", parents=[common], help="one training step of the trunk")
     trn.add_argument("--blocks", type=int, default=2)
-    trn.add_argument("--variant", choices=("eager", "eager_block", "compiled"), default="compiled")
+    trn.add_argument("--variant", choices=("eager", "eager_block", "compiled", "compiled_triton"), default="compiled")
     trn.add_argument("--lean", action="store_true", help="lean chunk budgets (what a probe's fitting point runs)")
     trn.add_argument("--port", type=int, default=29533)
     trn.set_defaults(repeats=2)
