@@ -11,14 +11,16 @@ equal to 1 become constants, multiples of 16 and aligned pointers get divisibili
 and the kernel is compiled by Triton's NVIDIA backend for sm_90 without a GPU. ``cuobjdump``
 (shipped with Triton) reads the registers per thread and the stack (spilled registers) from the
 binary. One JSON line per kernel and launch setting: ``regs``, ``spill_bytes`` (per thread),
-``shared_kib``, the matmul instructions (``wgmma`` is Hopper's warp-group MMA, ``mma.sync`` the
-older warp-level one), compile seconds. ``--grid`` adds the settings ``scripts/tune_triton_passes.py``
-and ``scripts/flex_microbench.py --cases triton`` measure on a GPU, so that a spilling setting is
+``shared_kib`` and ``fits_shared`` (at most 227 KiB: a block that asks more does not launch),
+the matmul instructions (``wgmma``: Hopper's warp-group MMA; ``mma.sync``: the warp-level one)
+and the compile seconds. ``--grid`` adds the settings that ``scripts/tune_triton_passes.py`` and
+``scripts/flex_microbench.py --cases triton`` time on a GPU, so that a setting that spills is
 known before device time is spent on it.
 
 A kernel that spills keeps part of its working set in local memory (the L1/L2 caches and DRAM),
 so a memory-bound pass that spills moves more bytes than the op needs. The figures are those of
-the Triton installed here (the GPU image may have another version; its allocation can differ).
+the Triton installed here; the GPU image's version (3.6.0 on 2026-12-05) allocates differently, so
+compare with it: ``pip install --no-deps --target DIR triton==3.6.0``, then ``PYTHONPATH=DIR``.
 Needs Triton's NVIDIA backend (``pip install triton`` on Linux x86-64); not ``TRITON_INTERPRET``.
 """
 
@@ -48,6 +50,7 @@ from cpbench.models.pairformer.ops import triton_backward as tb  # noqa: E402
 from cpbench.models.pairformer.ops import triton_passes as tp  # noqa: E402
 
 SM90 = GPUTarget("cuda", 90, 32)
+SHARED_LIMIT_KIB = 227  # the most shared memory one block may use on an H100/H200 (232,448 bytes)
 ROWS = 16  # pair rows per call: the compile depends on strides and sizes' divisibility, not on the count
 C_Z, HEADS, HEAD_DIM = 128, 4, 32
 PASSES = ("norm_linear", "triangle_operands", "triangle_update", "gated_output", "swiglu_transition")
@@ -86,8 +89,9 @@ def resources(compiled) -> dict:
         usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
     regs, stack = re.search(r"REG:(\d+)", usage), re.search(r"STACK:(\d+)", usage)
     ptx = compiled.asm["ptx"]
+    shared_kib = compiled.metadata.shared / 1024
     return {"regs": int(regs.group(1)) if regs else None, "spill_bytes": int(stack.group(1)) if stack else None,
-            "shared_kib": compiled.metadata.shared / 1024,
+            "shared_kib": shared_kib, "fits_shared": shared_kib <= SHARED_LIMIT_KIB,
             "mma": "wgmma" if "wgmma" in ptx else "mma.sync" if "mma.sync" in ptx else "none"}
 
 
