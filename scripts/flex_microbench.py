@@ -52,7 +52,7 @@ OPTIONS = {
 }
 
 # ops/triton_attention.py's launch settings tried by the ``triton`` cases (all combinations)
-TRITON_GRID = {"ROWS": (1, 2, 4), "BLOCK_M": (64, 128), "BLOCK_N": (32, 64), "num_warps": (4, 8), "num_stages": (2, 3)}
+TRITON_GRID = {"ROWS": (1, 2), "BLOCK_M": (64, 128), "BLOCK_N": (32, 64), "num_warps": (4, 8), "num_stages": (2, 3)}
 CEILING_TFLOPS = 774.0  # bf16 8192^3 matmul on one H200 (docs/perf_notes.md, "Measured ceilings")
 
 

@@ -55,8 +55,8 @@ ROWS = 16  # pair rows per call: the compile depends on strides and sizes' divis
 C_Z, HEADS, HEAD_DIM = 128, 4, 32
 PASSES = ("norm_linear", "triangle_operands", "triangle_update", "gated_output", "swiglu_transition")
 GRID = {"BLOCK_M": (32, 64, 128), "num_warps": (4, 8), "num_stages": (1, 3)}
-ATTENTION_GRID = {"ROWS": (1, 2, 4), "BLOCK_M": (32, 64, 128), "BLOCK_N": (32, 64), "num_warps": (4, 8),
-                  "num_stages": (2,)}
+ATTENTION_GRID = {"ROWS": (1, 2), "BLOCK_M": (64, 128), "BLOCK_N": (32, 64), "num_warps": (4, 8),
+                  "num_stages": (2, 3)}
 
 
 def captured_launches(call: Callable[[], object]) -> list[tuple[JITFunction, tuple, dict]]:

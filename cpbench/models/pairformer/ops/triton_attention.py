@@ -9,10 +9,12 @@ keys and values (128-query blocks) and 4.4 TFLOP of matmuls; on one H200 its ker
 per op (214 TFLOP/s; ``docs/perf_notes.md``). Whether those loads (the L2 cache may serve many) are what bounds
 it is not measured; ``scripts/flex_microbench.py --cases triton`` times this kernel beside flex.
 
-Here one program owns ``BLOCK_M`` queries of one head for ``ROWS`` rows: for each key block it
-loads the bias tile once and uses it for all ``ROWS`` rows (a batched ``tl.dot`` over
-``[ROWS, BLOCK_M, D]`` queries against ``[ROWS, D, BLOCK_N]`` keys), with an online softmax per
-row (exp2, the scale folded in). The bias traffic falls ``ROWS``-fold. The output is written
+Here one program owns ``BLOCK_M`` queries of one head for ``ROWS`` rows (1 or 2): for each key
+block it loads the bias tile once and uses it for both rows, each with its own 2D ``tl.dot``s
+(Hopper's wgmma where ``BLOCK_M`` is 64 or more) and online softmax (exp2, the scale folded in).
+The bias traffic halves. (A batched 3D ``tl.dot`` over more rows was tried first: compiled for
+sm_90 it ran on ``mma.sync`` and spilled registers at 64-query blocks and up,
+``scripts/triton_resources.py``.) The output is written
 through its strides, so the caller can take it in the ``[rows, N, heads · D]`` layout of the gated
 output without a transposing copy (``attention``'s result is a ``[rows, heads, N, D]`` view of
 that), and the kernel can return each query's log-sum-exp (natural log, fp32) for the 2d ring.
@@ -36,57 +38,87 @@ if HAS_TRITON:
     import triton.language as tl
 
     @triton.jit
+    def _online_step(q, kt, v, bias, qk_scale, n_ok, m_i, l_i, acc, PREC: tl.constexpr):
+        """One key block of one row's online softmax: ``q [BLOCK_M, D]``, ``kt [D, BLOCK_N]``,
+        ``v [BLOCK_N, D]``, ``bias`` (base 2) ``[BLOCK_M, BLOCK_N]``; returns the new ``(m, l, acc)``."""
+        s = tl.dot(q, kt, input_precision=PREC) * qk_scale + bias
+        s = tl.where(n_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        return m_new, l_i, acc
+
+    @triton.jit
+    def _finish(o_ptr, o_off, lse_ptr, l_off, ok, m_i, l_i, acc, HAS_LSE: tl.constexpr):
+        """Store one row's output tile (and its log-sum-exp, natural log)."""
+        tl.store(o_ptr + o_off, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=ok[:, None])
+        if HAS_LSE:
+            tl.store(lse_ptr + l_off, (m_i + tl.log2(l_i)) * 0.6931471805599453, mask=ok)
+
+    @triton.jit
     def _attention_kernel(q_ptr, q0, q1, q2, q3, k_ptr, k0, k1, k2, k3, v_ptr, v0, v1, v2, v3,
                           b_ptr, b0, b1, b2, o_ptr, o0, o1, o2, o3, lse_ptr, l0, l1, l2,
                           n_rows, Lq, Lk, qk_scale,
                           D: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           HAS_LSE: tl.constexpr, PREC: tl.constexpr):
-        """Queries ``[pid0·BLOCK_M, +BLOCK_M)`` of head ``pid1`` for rows ``[pid2·ROWS, +ROWS)``.
+        """Queries ``[pid0·BLOCK_M, +BLOCK_M)`` of head ``pid1`` for rows ``pid2·ROWS + (0, 1)``
+        (``ROWS`` 1 or 2: one bias tile per key block serves both rows' 2D dots).
 
         Scores in base 2: ``s = (q·k) · scale·log2(e) + bias · log2(e)``, so ``exp2`` gives the
-        natural softmax; the log-sum-exp is converted back to natural log at the end."""
+        natural softmax. 64-bit offsets only in the program's scalar bases; within a tile 32-bit
+        (queries < BLOCK_M, keys < Lk, channels < D: each term far below 2**31 elements)."""
         LOG2E: tl.constexpr = 1.4426950408889634
         h = tl.program_id(1).to(tl.int64)
-        r = tl.program_id(2).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
-        m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-        d = tl.arange(0, D).to(tl.int64)
-        r_ok, m_ok = r < n_rows, m < Lq
-        rq = r[:, None, None]
-        q = tl.load(q_ptr + rq * q0 + h * q1 + m[None, :, None] * q2 + d[None, None, :] * q3,
-                    mask=r_ok[:, None, None] & m_ok[None, :, None], other=0.0)             # [ROWS, BLOCK_M, D]
-        m_i = tl.full((ROWS, BLOCK_M), float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros((ROWS, BLOCK_M), dtype=tl.float32)
-        acc = tl.zeros((ROWS, BLOCK_M, D), dtype=tl.float32)
+        r0 = tl.program_id(2).to(tl.int64) * ROWS
+        m0 = tl.program_id(0).to(tl.int64) * BLOCK_M
+        ml, d, nl = tl.arange(0, BLOCK_M), tl.arange(0, D), tl.arange(0, BLOCK_N)
+        m_ok = m0 + ml < Lq
+        two = (ROWS == 2) & (r0 + 1 < n_rows)  # the program's second row exists
+        q_off = ml[:, None] * q2 + d[None, :] * q3
+        qa = tl.load(q_ptr + (r0 * q0 + h * q1 + m0 * q2) + q_off, mask=m_ok[:, None], other=0.0)
+        k_base = k_ptr + (r0 * k0 + h * k1)
+        v_base = v_ptr + (r0 * v0 + h * v1)
+        b_base = b_ptr + (h * b0 + m0 * b1)
+        m_a = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+        l_a = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        acc_a = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+        if ROWS == 2:
+            qb = tl.load(q_ptr + ((r0 + 1) * q0 + h * q1 + m0 * q2) + q_off, mask=m_ok[:, None] & two, other=0.0)
+            m_b = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+            l_b = tl.zeros((BLOCK_M,), dtype=tl.float32)
+            acc_b = tl.zeros((BLOCK_M, D), dtype=tl.float32)
         for n0 in range(0, Lk, BLOCK_N):
-            n = n0 + tl.arange(0, BLOCK_N).to(tl.int64)
+            n = n0 + nl
             n_ok = n < Lk
-            bias = tl.load(b_ptr + h * b0 + m[:, None] * b1 + n[None, :] * b2,
-                           mask=m_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)  # [BLOCK_M, BLOCK_N]
-            kv_ok = r_ok[:, None, None] & n_ok[None, None, :]
-            kt = tl.load(k_ptr + rq * k0 + h * k1 + n[None, None, :] * k2 + d[None, :, None] * k3,
-                         mask=kv_ok, other=0.0)                                             # [ROWS, D, BLOCK_N]
-            s = tl.dot(q, kt, input_precision=PREC) * qk_scale + (bias * LOG2E)[None, :, :]
-            s = tl.where(n_ok[None, None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=2))
-            p = tl.exp2(s - m_new[:, :, None])
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, axis=2)
-            v = tl.load(v_ptr + rq * v0 + h * v1 + n[None, :, None] * v2 + d[None, None, :] * v3,
-                        mask=r_ok[:, None, None] & n_ok[None, :, None], other=0.0)         # [ROWS, BLOCK_N, D]
-            acc = acc * alpha[:, :, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-            m_i = m_new
-        ok = r_ok[:, None, None] & m_ok[None, :, None]
-        tl.store(o_ptr + rq * o0 + h * o1 + m[None, :, None] * o2 + d[None, None, :] * o3,
-                 (acc / l_i[:, :, None]).to(o_ptr.dtype.element_ty), mask=ok)
-        if HAS_LSE:
-            tl.store(lse_ptr + r[:, None] * l0 + h * l1 + m[None, :] * l2, (m_i + tl.log2(l_i)) / LOG2E,
-                     mask=r_ok[:, None] & m_ok[None, :])
+            bias = tl.load(b_base + ml[:, None] * b1 + n[None, :] * b2, mask=m_ok[:, None] & n_ok[None, :],
+                           other=0.0).to(tl.float32) * LOG2E  # [BLOCK_M, BLOCK_N]
+            kt_off = n[None, :] * k2 + d[:, None] * k3  # [D, BLOCK_N]
+            v_off = n[:, None] * v2 + d[None, :] * v3   # [BLOCK_N, D]
+            kt = tl.load(k_base + kt_off, mask=n_ok[None, :], other=0.0)
+            v = tl.load(v_base + v_off, mask=n_ok[:, None], other=0.0)
+            m_a, l_a, acc_a = _online_step(qa, kt, v, bias, qk_scale, n_ok, m_a, l_a, acc_a, PREC)
+            if ROWS == 2:
+                kt = tl.load(k_base + k0 + kt_off, mask=n_ok[None, :] & two, other=0.0)
+                v = tl.load(v_base + v0 + v_off, mask=n_ok[:, None] & two, other=0.0)
+                m_b, l_b, acc_b = _online_step(qb, kt, v, bias, qk_scale, n_ok, m_b, l_b, acc_b, PREC)
+        o_off = ml[:, None] * o2 + d[None, :] * o3
+        l_off = ml * l2
+        _finish(o_ptr + (r0 * o0 + h * o1 + m0 * o2), o_off, lse_ptr + (r0 * l0 + h * l1 + m0 * l2), l_off, m_ok,
+                m_a, l_a, acc_a, HAS_LSE)
+        if ROWS == 2:
+            _finish(o_ptr + ((r0 + 1) * o0 + h * o1 + m0 * o2), o_off, lse_ptr + ((r0 + 1) * l0 + h * l1 + m0 * l2),
+                    l_off, m_ok & two, m_b, l_b, acc_b, HAS_LSE)
 
 
-# Launch settings in half precision: ROWS rows share each bias tile; BLOCK_M queries and
-# BLOCK_N keys per step. Untuned: chosen on a CPU, in Triton's interpreter (2026-12-05);
-# scripts/flex_microbench.py --cases triton measures the alternatives on a GPU.
-TILES = dict(ROWS=2, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
+# Launch settings in half precision: ROWS rows share each bias tile; BLOCK_M queries and BLOCK_N
+# keys per step. Not timed yet: chosen from compiles for sm_90 on a CPU (scripts/triton_resources.py
+# --kernels attention --grid, Triton 3.6.0 and 3.9.0, 2026-12-05): 195 registers, no spills, wgmma,
+# 64 KiB of shared memory; with 128-query blocks and two rows a program loads keys and values once
+# per 128 queries and the bias once per two rows. scripts/flex_microbench.py --cases triton times
+# the alternatives on a GPU.
+TILES = dict(ROWS=2, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)
 # fp32 (the parity reference): smaller tiles, one stage (shared memory)
 FP32_TILES = dict(ROWS=2, BLOCK_M=32, BLOCK_N=32, num_stages=1)
 
@@ -114,6 +146,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     o = q.new_empty((rows, lq, heads, d)).transpose(1, 2)
     lse = q.new_empty((rows, heads, lq), dtype=torch.float32) if with_lse else o
     launch = {**TILES, **(FP32_TILES if q.dtype == torch.float32 else {}), **(tiles or {})}
+    if launch["ROWS"] not in (1, 2):
+        raise ValueError(f"ROWS={launch['ROWS']}: the kernel shares a bias tile between 1 or 2 rows")
     grid = (triton.cdiv(lq, launch["BLOCK_M"]), heads, triton.cdiv(rows, launch["ROWS"]))
     _attention_kernel[grid](
         q, *q.stride(), k, *k.stride(), v, *v.stride(), bias, *bias.stride(), o, *o.stride(),
