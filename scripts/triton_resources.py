@@ -5,7 +5,7 @@ compiled for an H100/H200 (sm_90) on a machine without one.
 
 Each kernel is launched by its own wrapper (``ops/triton_passes.py``, ``ops/triton_backward.py``,
 ``ops/triton_attention.py``) on CPU tensors of one block's shapes at ``--n`` tokens (boltz2: c_z
-128, 4 triangle heads of 32, transition ×4; a chunk of 16 pair rows, bf16), with the launch
+128, 4 triangle heads of 32, transition ×4; a chunk of 16 pair rows, ``--dtype`` bf16 or fp32), with the launch
 intercepted: the arguments are specialised as Triton's JIT specialises them at run time (integers
 equal to 1 become constants, multiples of 16 and aligned pointers get divisibility attributes),
 and the kernel is compiled by Triton's NVIDIA backend for sm_90 without a GPU. ``cuobjdump``
@@ -55,6 +55,7 @@ ROWS = 16  # pair rows per call: the compile depends on strides and sizes' divis
 C_Z, HEADS, HEAD_DIM = 128, 4, 32
 PASSES = ("norm_linear", "triangle_operands", "triangle_update", "gated_output", "swiglu_transition")
 GRID = {"BLOCK_M": (32, 64, 128), "num_warps": (4, 8), "num_stages": (1, 3)}
+STEPS = (32, 64, 128)  # BLOCK_N / BLOCK_H of the kernels that loop over output columns or hidden channels
 ATTENTION_GRID = {"ROWS": (1, 2), "BLOCK_M": (64, 128), "BLOCK_N": (32, 64), "num_warps": (4, 8),
                   "num_stages": (2, 3)}
 
@@ -95,10 +96,14 @@ def resources(compiled) -> dict:
             "mma": "wgmma" if "wgmma" in ptx else "mma.sync" if "mma.sync" in ptx else "none"}
 
 
-def calls(n: int) -> dict[str, Callable[[], object]]:
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def calls(n: int, dtype: str = "bf16") -> dict[str, Callable[[], object]]:
     """One call per kernel family at one block's shapes (forward passes, their backward through
-    autograd, the attention); weights and inputs uninitialised (nothing runs)."""
-    bf = dict(dtype=torch.bfloat16)
+    autograd, the attention) in ``dtype`` (fp32: the parity runs' launch settings); weights and
+    inputs uninitialised (nothing runs)."""
+    bf = dict(dtype=DTYPES[dtype])
     z = torch.empty(ROWS, n, C_Z, **bf)
     zt = torch.empty(n, ROWS, C_Z, **bf).transpose(0, 1)  # the serial layout's Z^T rows
     ln_w, ln_b = torch.empty(C_Z, **bf), torch.empty(C_Z, **bf)
@@ -145,7 +150,11 @@ def settings(name: str, grid: bool) -> list[dict | None]:
     """``None`` (the table's own setting), then with ``grid`` each alternative."""
     if not grid:
         return [None]
-    space = ATTENTION_GRID if name == "attention" else GRID
+    space = ATTENTION_GRID if name == "attention" else dict(GRID)
+    table, key = tables(name)
+    for step in ("BLOCK_N", "BLOCK_H"):
+        if name != "attention" and step in table[key]:
+            space[step] = STEPS
     return [None] + [dict(zip(space, values)) for values in itertools.product(*space.values())]
 
 
@@ -184,9 +193,10 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=2048, help="tokens")
     parser.add_argument("--kernels", nargs="+", default=None, help="default: every kernel family")
     parser.add_argument("--grid", action="store_true", help="also every alternative launch setting")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    families = calls(args.n)
+    families = calls(args.n, args.dtype)
     lines = []
     for name in args.kernels or list(families):
         for setting in settings(name, args.grid):
@@ -196,6 +206,7 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"target": "sm_90", "triton": triton.__version__, "torch": torch.__version__, "N": args.n,
+                       "dtype": args.dtype,
                        "rows": ROWS, "lines": lines}, f, indent=1)
 
 

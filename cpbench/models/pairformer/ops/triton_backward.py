@@ -170,7 +170,7 @@ if tp.HAS_TRITON:
         pid = tl.program_id(0)
         i, j, ok = _rows(pid, BLOCK_M, M, ncols)
         m = i * ncols + j
-        zhat, rstd, zn = _normed(z_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, True)
+        _, _, zn = _normed(z_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, True)
         _store_rows(zn_ptr, m, ok, 0, C, zn, C)
         zn = zn.to(w_ptr.dtype.element_ty)
         mask = tl.load(mask_ptr + i * m0 + j * m1, mask=ok, other=0.0).to(tl.float32)[:, None]
@@ -196,6 +196,9 @@ if tp.HAS_TRITON:
                 wg = _weight(w_ptr, row_g, 4 * k_ch, swn, swk, C, BLOCK_N)
                 dzn = tl.dot(dp.to(wp.dtype), wp, dzn, input_precision=PREC)
                 dzn = tl.dot(dg.to(wg.dtype), wg, dzn, input_precision=PREC)
+        # the normalised tile again (a second read of z), rather than kept live across the loop: the
+        # kernel spilled registers with it on sm_90 (scripts/triton_resources.py)
+        zhat, rstd, _ = _normed(z_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, True)
         _ln_backward(dzn, zhat, rstd, lnw_ptr, dz_ptr, i, j, ok, d0, d1, dc, part_ptr, pid, C)
 
     @triton.jit
@@ -249,22 +252,26 @@ def _weight_grad(grad_rows: torch.Tensor, inp_rows: torch.Tensor, w: torch.Tenso
     return torch.matmul(grad_rows.t(), inp_rows).to(w.dtype)
 
 
-# Launch settings of the backward kernels: 32 rows per program (a backward program holds the
-# normalised rows, their gradient and the op's recomputed projections at once), the forward's
-# column and hidden steps, 4 warps, one pipeline stage. Untuned: chosen on a CPU, in Triton's
-# interpreter (2026-12-05).
+# Launch settings of the backward kernels in half precision, one pipeline stage. Not timed yet: chosen
+# from compiles for sm_90 on a CPU (scripts/triton_resources.py --grid, with the GPU image's Triton
+# 3.6.0, 2026-12-05) as settings that keep every register on chip (no spills), wgmma where BLOCK_M is
+# 64. With 4 warps every one of them spilled 120-550 bytes per thread; triangle_operands spilled
+# unless its channel step is 32.
 BWD_TILES = {
-    "norm_linear": dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=1),
-    "triangle_operands": dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=1),
-    "triangle_update": dict(BLOCK_M=32, num_warps=4, num_stages=1),
-    "gated_output": dict(BLOCK_M=32, num_warps=4, num_stages=1),
-    "swiglu_transition": dict(BLOCK_M=32, BLOCK_H=tp.TILES["swiglu_transition"]["BLOCK_H"], num_warps=4,
+    "norm_linear": dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=1),
+    "triangle_operands": dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=1),
+    "triangle_update": dict(BLOCK_M=32, num_warps=8, num_stages=1),
+    "gated_output": dict(BLOCK_M=64, num_warps=8, num_stages=1),
+    "swiglu_transition": dict(BLOCK_M=32, BLOCK_H=tp.TILES["swiglu_transition"]["BLOCK_H"], num_warps=8,
                               num_stages=1),
 }
+# fp32 (the parity reference): 32-row tiles (shared memory)
+BWD_FP32_TILES = dict(BLOCK_M=32)
 
 
-def _launch(kernel: str) -> dict:
-    return dict(BWD_TILES[kernel])
+def _launch(kernel: str, t: torch.Tensor) -> dict:
+    """``kernel``'s backward launch settings for ``t``'s dtype."""
+    return {**BWD_TILES[kernel], **(BWD_FP32_TILES if t.dtype == torch.float32 else {})}
 
 
 def _3d(t: torch.Tensor) -> torch.Tensor:
@@ -286,7 +293,7 @@ class _NormLinear(torch.autograd.Function):
         wc = w.to(x.dtype)
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         xn = torch.empty((M, C), dtype=x.dtype, device=x.device)
-        tiles = _launch("norm_linear")
+        tiles = _launch("norm_linear", x)
         tiles["BLOCK_N"] = max(16, min(tiles["BLOCK_N"], triton.next_power_of_2(w.shape[0])))
         programs = _grid(M, tiles["BLOCK_M"])
         part = _partials(programs, C, x)
@@ -313,7 +320,7 @@ class _GatedOutput(torch.autograd.Function):
         wc = w.to(o.dtype)
         d_o, d_g = torch.empty(o.shape, dtype=o.dtype, device=o.device), torch.empty(g.shape, dtype=g.dtype, device=g.device)
         h = torch.empty((M, K), dtype=o.dtype, device=o.device)
-        tiles = _launch("gated_output")
+        tiles = _launch("gated_output", o)
         _gated_output_bwd[(_grid(M, tiles["BLOCK_M"]),)](
             o3, *o3.stride(), g3, *g3.stride(), wc, *wc.stride(), dy3, *dy3.stride(), _3d(d_o), *_3d(d_o).stride(),
             _3d(d_g), *_3d(d_g).stride(), h, M, N, K=K, C=w.shape[0], PREC=tp._prec(o), **tiles)
@@ -337,7 +344,7 @@ class _SwigluTransition(torch.autograd.Function):
         xn = torch.empty((M, C), dtype=x.dtype, device=x.device)
         act = torch.empty((M, hidden), dtype=x.dtype, device=x.device)
         dab = torch.empty((M, 2 * hidden), dtype=x.dtype, device=x.device)
-        tiles = _launch("swiglu_transition")
+        tiles = _launch("swiglu_transition", x)
         programs = _grid(M, tiles["BLOCK_M"])
         part = _partials(programs, C, x)
         _swiglu_bwd[(programs,)](
@@ -364,7 +371,7 @@ class _TriangleOperands(torch.autograd.Function):
         dz = torch.empty(z.shape, dtype=z.dtype, device=z.device)
         zn = torch.empty((M, C), dtype=z.dtype, device=z.device)
         dp = torch.empty((M, 4 * k), dtype=z.dtype, device=z.device)
-        tiles = _launch("triangle_operands")
+        tiles = _launch("triangle_operands", z)
         tiles["BLOCK_N"] = min(tiles["BLOCK_N"], k)
         programs = _grid(M, tiles["BLOCK_M"])
         part = _partials(programs, C, z)
@@ -393,7 +400,7 @@ class _TriangleUpdate(torch.autograd.Function):
         zn = torch.empty((M, C), dtype=z.dtype, device=z.device)
         d_o = torch.empty((M, C), dtype=z.dtype, device=z.device)
         d_g = torch.empty((M, C), dtype=z.dtype, device=z.device)
-        tiles = _launch("triangle_update")
+        tiles = _launch("triangle_update", z)
         programs = _grid(M, tiles["BLOCK_M"])
         part_x, part_z = _partials(programs, CX, z), _partials(programs, C, z)
         _triangle_update_bwd[(programs,)](

@@ -201,14 +201,17 @@ def usable(t: torch.Tensor, channels: int) -> bool:
 
 # Launch settings per kernel in half precision: BLOCK_M rows of all C channels per program, the
 # output columns (BLOCK_N) or hidden channels (BLOCK_H) per step of its loop, Triton's warps and
-# pipeline stages (4 and 3: its defaults on CUDA). Untuned: chosen on a CPU, in Triton's interpreter
-# (2026-12-05); scripts/tune_triton_passes.py measures the alternatives on a GPU.
+# pipeline stages. Chosen on a CPU (2026-12-05): first in Triton's interpreter, 4 warps and 3 stages
+# (Triton's defaults; the pass of docs/benchmarks/2026-12-05-h200-curve3 ran them); then 8 warps
+# for triangle_update and swiglu_transition, which spilled registers with 4 when compiled for sm_90
+# (scripts/triton_resources.py: 8 and 0-168 bytes per thread with Triton 3.6.0 and 3.9.0).
+# scripts/tune_triton_passes.py times the alternatives on a GPU.
 TILES = {
     "norm_linear": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
     "triangle_operands": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-    "triangle_update": dict(BLOCK_M=64, num_warps=4, num_stages=3),
+    "triangle_update": dict(BLOCK_M=64, num_warps=8, num_stages=3),
     "gated_output": dict(BLOCK_M=64, num_warps=4, num_stages=3),
-    "swiglu_transition": dict(BLOCK_M=64, BLOCK_H=64, num_warps=4, num_stages=3),
+    "swiglu_transition": dict(BLOCK_M=64, BLOCK_H=64, num_warps=8, num_stages=3),
 }
 # fp32 (the parity reference): 64-row tiles with 3 stages asked 311 KiB of shared memory in
 # triangle_operands on an H200 (227 KiB there; 2026-12-05)
