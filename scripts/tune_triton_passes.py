@@ -1,4 +1,5 @@
-"""Launch settings of the Triton passes (``ops/triton_passes.py``: ``TILES``), measured on a GPU.
+"""Launch settings of the Triton passes (``ops/triton_passes.py``: ``TILES``; their backward,
+``ops/triton_backward.py``: ``BWD_TILES``, as ``<kernel>_bwd``), measured on a GPU.
 
     python scripts/tune_triton_passes.py [--n 2048] [--out FILE]
 
@@ -9,7 +10,10 @@ columns or hidden channels per step, warps, stages). Each setting's median time 
 ``triton.testing.do_bench``) and effective bandwidth (the bytes the kernel must move: its inputs
 once, its outputs once) are printed as one JSON line, with the best setting per kernel last.
 A setting that does not compile (shared memory, registers) is reported and skipped. Copy the
-best settings into ``TILES`` by hand, with the date and this script's output file.
+best settings into ``TILES`` by hand, with the date and this script's output file. A ``_bwd``
+kernel is timed as the whole backward of its autograd function (the kernel, the weight gradients'
+matmuls and the LayerNorm parameters' partial sums), its bytes those the kernel must move.
+``scripts/triton_resources.py --grid`` says beforehand which settings spill registers.
 
 On a CPU (``TRITON_INTERPRET=1``, a small ``--n`` and ``--c-z 32``) it runs each kernel once
 per setting, with a wall clock: a check that the script works, not a measurement.
@@ -25,11 +29,15 @@ import time
 
 import torch
 
+from cpbench.models.pairformer.ops import triton_backward as tb
 from cpbench.models.pairformer.ops import triton_passes as tp
 
 GRID = {"BLOCK_M": (64, 128), "num_warps": (4, 8), "num_stages": (1, 3)}
 STEP = {"norm_linear": ("BLOCK_N", (64, 128)), "triangle_operands": ("BLOCK_N", (64, 128)),
         "swiglu_transition": ("BLOCK_H", (64, 128))}
+BWD_GRID = {"BLOCK_M": (32, 64), "num_warps": (4, 8), "num_stages": (1, 2)}
+BWD_STEP = {"norm_linear": ("BLOCK_N", (32, 64)), "triangle_operands": ("BLOCK_N", (32, 64)),
+            "swiglu_transition": ("BLOCK_H", (32, 64))}
 
 
 def cases(n: int, c_z: int, device: str) -> dict:
@@ -54,10 +62,50 @@ def cases(n: int, c_z: int, device: str) -> dict:
     }
 
 
+def backward_cases(n: int, c_z: int, device: str) -> dict:
+    """Per kernel ``<name>_bwd``: ``(call, bytes moved)``, the call one backward of the autograd
+    function (its forward ran once, outside the timing), bf16."""
+    bf = dict(device=device, dtype=torch.bfloat16)
+
+    def leaf(*shape):
+        return torch.randn(*shape, **bf).requires_grad_()
+
+    def backward(fn, *inputs):
+        out = fn(*inputs)
+        outs = out if isinstance(out, tuple) else (out,)
+        grads = [torch.randn_like(o) for o in outs]
+        needs = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+        return lambda: torch.autograd.grad(outs, needs, grads, retain_graph=True)
+
+    z, ln_w, ln_b = leaf(n, n, c_z), leaf(c_z), leaf(c_z)
+    z_b = z.numel() * 2
+    mask = torch.ones(n, n, **bf)
+    x = leaf(c_z, n, n).permute(1, 2, 0)
+    proj = leaf(n, n, 2 * c_z)
+    return {  # bytes: inputs and output gradient read, input gradient and the weight-gradient operands written
+        "norm_linear_bwd": (backward(tb.norm_linear, z, ln_w, ln_b, leaf(4 * c_z, c_z)), z_b * 7),
+        "triangle_operands_bwd": (backward(lambda *a: tb.triangle_operands(*a, mask), z, ln_w, ln_b,
+                                           leaf(4 * c_z, c_z)), z_b * 9),
+        "triangle_update_bwd": (backward(tb.triangle_update, x, z, ln_w, ln_b, ln_w, ln_b, leaf(c_z, c_z),
+                                         leaf(c_z, c_z)), z_b * 9),
+        "gated_output_bwd": (backward(tb.gated_output, proj[..., :c_z], proj[..., c_z:], leaf(c_z, c_z)), z_b * 7),
+        "swiglu_transition_bwd": (backward(tb.swiglu_transition, z, ln_w, ln_b, leaf(8 * c_z, c_z),
+                                           leaf(c_z, 4 * c_z)), z_b * 17),
+    }
+
+
+def table_of(kernel: str) -> tuple[dict, str]:
+    """The settings table a kernel reads and its key there."""
+    return (tb.BWD_TILES, kernel[:-4]) if kernel.endswith("_bwd") else (tp.TILES, kernel)
+
+
 def settings(kernel: str) -> list[dict]:
-    grid = dict(GRID)
-    if kernel in STEP:
-        key, values = STEP[kernel]
+    backward = kernel.endswith("_bwd")
+    grid = dict(BWD_GRID if backward else GRID)
+    name = kernel[:-4] if backward else kernel
+    steps = BWD_STEP if backward else STEP
+    if name in steps:
+        key, values = steps[name]
         grid[key] = values
     return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
 
@@ -79,18 +127,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=2048)
     parser.add_argument("--c-z", type=int, default=128)
-    parser.add_argument("--kernels", nargs="+", default=list(tp.TILES))
+    parser.add_argument("--kernels", nargs="+", default=list(tp.TILES),
+                        help="forward kernels (TILES' names) and/or <name>_bwd (their backward)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     cuda = torch.cuda.is_available() and not tp.interpreted()
     rows = []
-    calls = cases(args.n, args.c_z, "cuda" if cuda else "cpu")
+    device = "cuda" if cuda else "cpu"
+    calls = cases(args.n, args.c_z, device)
+    if any(k.endswith("_bwd") for k in args.kernels):
+        calls |= backward_cases(args.n, args.c_z, device)
     for kernel in args.kernels:
         call, moved_b = calls[kernel]
-        default = dict(tp.TILES[kernel])
+        table, key = table_of(kernel)
+        default = dict(table[key])
         results = []
         for setting in settings(kernel):
-            tp.TILES[kernel] = {**default, **setting}
+            table[key] = {**default, **setting}
             try:
                 ms = time_ms(call, cuda)
             except Exception as exc:  # noqa: BLE001 - a setting that does not compile is a result too
@@ -100,7 +153,7 @@ def main() -> None:
                 results.append(row)
             print(json.dumps(row), flush=True)
             rows.append(row)
-        tp.TILES[kernel] = default
+        table[key] = default
         if results:
             best = min(results, key=lambda r: r["ms"])
             at_default = next((r for r in results if all(default.get(k) == v for k, v in r["setting"].items())), None)
