@@ -57,7 +57,7 @@ KERNELS = ("auto", "torch", "flex", "cueq")
 PASSES = ("inductor", "triton")
 # ``model.attention``: what runs triangle attention without autograd: the backend's kernel (``auto``:
 # FlexAttention under ``flex``) or, under ``flex`` on CUDA, a Triton kernel that shares each bias tile
-# among several rows (``ops/triton_attention.py``). Training keeps FlexAttention either way.
+# between two rows (``ops/triton_attention.py``). Training keeps FlexAttention either way.
 ATTENTION = ("auto", "triton")
 # Row-chunk sizes and ops differ per call site: one static compile per shape, more than dynamo's default 8.
 RECOMPILE_LIMIT = 64
