@@ -9,6 +9,9 @@ Triangle attention attends every row of the pair tensor with the same ``[heads, 
   backward gives gradients into q, k, v and the bias (``model.compile_training=true``, the
   default; with ``false`` the ``torch`` kernel runs under autograd); eager on a CPU (forward
   only: with autograd the ``torch`` kernel runs).
+* ``model.attention=triton`` (inference under ``flex``, on CUDA or in Triton's interpreter): the
+  Triton kernel of ``ops/triton_attention.py``, which shares each bias tile between two rows; its
+  output is a ``[rows, heads, Lq, d]`` view of a ``[rows, Lq, heads, d]`` tensor.
 * ``cueq``: ``cuequivariance_torch.triangle_attention`` (its ``(N, H, Q, D)`` layout with B = 1 is
   ours: rows, heads, queries, head dim; it casts the bias to fp32). Its log-sum-exp is "for
   special use only", so ``biased_attention_lse`` (the 2d ring) runs the ``torch`` kernel there.
