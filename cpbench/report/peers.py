@@ -6,9 +6,10 @@ trunk's sizes, and by kernel class: ``plain`` where both run PyTorch's own ops (
 under ``model.kernels=torch``, Fold-CP with ``reference`` triangle and pair-bias attention),
 ``fastest`` where each runs its fastest kernels available there. Only the reference's trunk
 without an MSA module (``model.msa_blocks=0``, no sampling) compares: Fold-CP's trunk has none.
-Per pair: max N (``≥`` where a lower bound), the trunk's time and per-rank peak at each N both
-timed, and that peak in units of one bf16/fp32 pair shard (``[N²/K, c_z]``, what a rank must
-hold at least): how much each keeps per rank beyond its share of z. Failed points keep their
+Per pair: max N (``≥`` where a lower bound) with the pair shards a rank keeps at large N (the N²
+term of the probe's fitted peak, ``rows.pair_term_gib``, in units of one rank's share of z,
+``[N²/K, c_z]`` in the compute dtype), the trunk's time and per-rank peak at each N timed, and
+that peak in the same units: how much each keeps per rank beyond its share of z. Failed points keep their
 status, so a peer that has not run yet says why.
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 import pandas as pd
 
 from cpbench.report.analysis import best_fit, is_lower_bound
-from cpbench.report.rows import STAGE_PREFIX, day_of
+from cpbench.report.rows import PAIR_TERM, STAGE_PREFIX, day_of
 
 REFERENCE = "reference"
 PEERS = {"foldcp-": "Fold-CP"}  # model name prefix -> implementation
@@ -81,13 +82,16 @@ def _version(group: pd.DataFrame, impl: str) -> str:
     return named.iloc[-1] if not named.empty else f"{DASH} (run by {known.iloc[-1]})"
 
 
-def _max_n_cell(group: pd.DataFrame) -> str:
+def _max_n_cells(group: pd.DataFrame, dtype: str) -> tuple[str, str]:
+    """(max N, pair shards of the N² term) of a group's best probe."""
     fits = group[(group["row"] == "max-fit") & group["N_tokens"].notna()]
     if fits.empty:
-        return DASH
+        return DASH, DASH
     best = best_fit(fits)
     n = int(best["N_tokens"].iloc[0])
-    return f"{'≥ ' if bool(is_lower_bound(best).iloc[0]) else ''}{n:,}"
+    a = best[PAIR_TERM].iloc[0] if PAIR_TERM in best else None
+    shards = DASH if a is None or pd.isna(a) else f"{a * n * n / pair_shard_gib(n, int(best['cp'].iloc[0]), dtype):.2f}"
+    return f"{'≥ ' if bool(is_lower_bound(best).iloc[0]) else ''}{n:,}", shards
 
 
 def _latest_timings(group: pd.DataFrame) -> dict[int, pd.Series]:
@@ -108,30 +112,33 @@ def peers_section(rows: pd.DataFrame) -> str:
         return head + "\n\nNo peer implementation (`model=foldcp/*`) was run here."
     text = [head, "", "The reference trunk (`model=boltz2 model.msa_blocks=0`, trunk only) beside each peer, per "
             "configuration and kernel class (`plain`: both on PyTorch's own ops; `fastest`: each on its fastest "
-            "kernels here). Time: the trunk stage (inference) or the step (training), median. Peak: per rank, "
-            "allocated; `× z shard`: that peak over one rank's share of the pair tensor (`N²/K · 128` elements). "
+            "kernels here). `z shards (N² term)`: the N² term of the probe's fitted per-rank peak over one rank's "
+            "share of the pair tensor (`N²/K · 128` elements): the pair-sized tensors a rank keeps at large N. Time: "
+            "the trunk stage (inference) or the step (training), median. Peak: per rank, allocated; `× z shard`: "
+            "that peak over the same share. "
             "Ratios: peer over reference, at the same N. `≥`: a lower bound.", ""]
     for config, same in table.groupby(CONFIG, dropna=False, sort=True):
         workflow, cp_config, dtype, device, sizes, klass = config
         sizes_note = f", {sizes}" if sizes else ""
         text += [f"**{workflow}, {cp_config}, {dtype} on {device}{sizes_note}, {klass} kernels**", "",
-                 "| implementation | version | kernels | max N | N | time (ms) | peak (GiB) | × z shard | status | date |",
-                 "|---|---|---|---|---|---|---|---|---|---|"]
+                 "| implementation | version | kernels | max N | z shards (N² term) | N | time (ms) | peak (GiB) | "
+                 "× z shard | status | date |",
+                 "|---|---|---|---|---|---|---|---|---|---|---|"]
         timings = {}
         for impl, group in same.groupby("implementation", sort=False):
             timings[impl] = _latest_timings(group)
             version = _version(group, impl)
             kernels = ", ".join(sorted(group["kernels"].dropna().astype(str).unique())) or DASH
-            max_n = _max_n_cell(group)
+            max_n, shards_n2 = _max_n_cells(group, str(dtype))
             for n, r in sorted(timings[impl].items()) or [(None, None)]:
                 if r is None or r["status"] != "ok":
                     status = DASH if r is None else f"{r['status']}: {r.get('message') or ''}".rstrip(": ")
-                    text.append(f"| {impl} | {version} | {kernels} | {max_n} | {'' if n is None else f'{n:,}'} | "
+                    text.append(f"| {impl} | {version} | {kernels} | {max_n} | {shards_n2} | {'' if n is None else f'{n:,}'} | "
                                 f"{DASH} | {DASH} | {DASH} | {status} | {'' if r is None else day_of(r.get('date'))} |")
                     continue
                 ms, peak = _trunk_ms(r), r.get("peak_mem (GiB)")
                 shard = pair_shard_gib(n, int(r["cp"]), str(dtype))
-                text.append(f"| {impl} | {version} | {kernels} | {max_n} | {n:,} | {ms:,.1f} | "
+                text.append(f"| {impl} | {version} | {kernels} | {max_n} | {shards_n2} | {n:,} | {ms:,.1f} | "
                             f"{'' if pd.isna(peak) else f'{peak:.2f}'} | "
                             f"{'' if pd.isna(peak) else f'{peak / shard:.2f}'} | ok | {day_of(r.get('date'))} |")
         text += [""] + _ratios(timings) + [""]

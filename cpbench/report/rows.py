@@ -19,6 +19,7 @@ from cpbench.models.pairformer import flops
 from cpbench.models.stock import stock_model_of
 from cpbench.report.mfu import achieved_tflops_per_gpu, peak_tflops
 from cpbench.results import INCOMPLETE, max_over_ranks
+from cpbench.results.memory_fit import fit_peak_memory, fitting_points
 
 TABLE_COLUMNS = ("N_tokens", "N_atoms", "MSA_seq", "CP config", "peak_mem (GiB)", "walltime (ms)")
 STAGE_PREFIX = "stage_ms."
@@ -240,10 +241,24 @@ def _probe_fields(rec: dict, point: dict, config: dict) -> dict[str, Any]:
         "points_tried": len(rec.get("points") or []),
         "lower_bound": lower_bound_reason(rec), "timeout_n": timed_out_at(rec),
         "strategy": rec.get("strategy"), "predicted_max_n": rec.get("predicted_max_n"),
+        PAIR_TERM: pair_term_gib(rec, point),
         # which stage set the max N: the stage peaks of the point at max N, where recorded
         **{STAGE_PEAK_PREFIX + str(stage): gib for stage, gib in
            ((at_max[-1].get("stage_peak_gib") or {}) if at_max else {}).items()},
     }
+
+
+PAIR_TERM = "N² term (GiB/N²)"  # a probe's fitted per-rank peak a·N² + b·N + c: its a
+
+
+def pair_term_gib(rec: dict, point: dict) -> float | None:
+    """The N² coefficient of the per-rank peak fitted over a probe's fitting points
+    (``results.memory_fit``): what a rank keeps per token pair at large N; None without one."""
+    ns, peaks = fitting_points(rec.get("points") or [])
+    if not ns:
+        return None
+    a = fit_peak_memory(ns, peaks, cp=int(point.get("cp") or 1)).a
+    return a if a > 0 else None
 
 
 def timed_out_at(rec: dict) -> int | None:

@@ -40,10 +40,15 @@ def foldcp(n: int, kernels: str | None, ms: float, peak: float, date: str, backe
     return rec
 
 
+SHARDS = 3.0  # the probe's per-rank peak: 0.5 GiB + three bf16 pair shards of a 2x2 grid
+
+
 def probe(n: int, first_fail: int, date: str) -> dict:
     rec = reference(n, "torch", 1.0, 100.0, date)
+    points = [{"N": m, "fits": True, "status": "ok", "peak_alloc_gib": 0.5 + SHARDS * pair_shard_gib(m, 4, "bf16")}
+              for m in (n // 3, 2 * n // 3, n)]
     rec |= {"routine": "probe", "max_n": n, "first_fail_n": first_fail, "first_fail_status": "oom",
-            "lower_bound": None, "points": [{"N": n, "fits": True, "status": "ok", "peak_alloc_gib": 130.0}]}
+            "lower_bound": None, "points": points}
     return rec
 
 
@@ -55,9 +60,9 @@ def test_reference_beside_fold_cp_with_ratios_and_shards(tmp_path):
     text = section(build_report(root)["markdown"].read_text(), "Peer CP implementations")
     assert "**inference, 2d 2x2 cp=4 emulated, bf16 on cuda, plain kernels**" in text, text
     shards = 4.0 / pair_shard_gib(2048, 4, "bf16")
-    assert f"| reference | cpbench abc1234 | torch | 30,000 | 2,048 | 4,000.0 | 4.00 | {shards:.2f} | ok | 2026-12-05 |" \
-        in text, text
-    assert "| Fold-CP | boltz 2.2.1 (Fold-CP 15f9775) | reference | — | 2,048 | 6,000.0 | 6.00 |" in text, text
+    assert (f"| reference | cpbench abc1234 | torch | 30,000 | {SHARDS:.2f} | 2,048 | 4,000.0 | 4.00 | {shards:.2f} | ok "
+            "| 2026-12-05 |") in text, text
+    assert "| Fold-CP | boltz 2.2.1 (Fold-CP 15f9775) | reference | — | — | 2,048 | 6,000.0 | 6.00 |" in text, text
     assert "Fold-CP / reference at N=2,048: time 1.50×, peak 1.50×." in text
 
 
@@ -70,7 +75,7 @@ def test_a_failed_peer_keeps_its_error_and_kernel_class(tmp_path):
                                    backends=("trifast", "torch_flex_attn"), error="rank 0: No module named 'rdkit'"))
     text = section(build_report(root)["markdown"].read_text(), "Peer CP implementations")
     assert "fastest kernels**" in text and "plain kernels**" not in text, text
-    assert "| trifast+flex | — | 2,048 | — | — | — | error: rank 0: No module named 'rdkit' |" in text, text
+    assert "| trifast+flex | — | — | 2,048 | — | — | — | error: rank 0: No module named 'rdkit' |" in text, text
     assert "No N where both ran ok" in text
 
 
