@@ -43,21 +43,7 @@ if tp.HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from cpbench.models.pairformer.ops.triton_passes import _rows, _weight_t
-
-    @triton.jit
-    def _normed(x_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C: tl.constexpr, HAS_LNB: tl.constexpr):
-        """``(x̂, rstd, LN(x))`` of the tile ``x[i, j, :]`` ``[BLOCK_M, C]``, fp32."""
-        c = tl.arange(0, C)
-        x = tl.load(x_ptr + i[:, None] * s0 + j[:, None] * s1 + c[None, :] * sc, mask=ok[:, None], other=0.0)
-        x = x.to(tl.float32)
-        xc = x - (tl.sum(x, axis=1) / C)[:, None]
-        rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / C + eps)
-        xhat = xc * rstd[:, None]
-        y = xhat * tl.load(lnw_ptr + c).to(tl.float32)[None, :]
-        if HAS_LNB:
-            y += tl.load(lnb_ptr + c).to(tl.float32)[None, :]
-        return xhat, rstd, y
+    from cpbench.models.pairformer.ops.triton_passes import _normed, _rows, _weight_t
 
     @triton.jit
     def _weight(w_ptr, n0, n_out, swn, swk, K: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -96,7 +82,7 @@ if tp.HAS_TRITON:
         pid = tl.program_id(0)
         i, j, ok = _rows(pid, BLOCK_M, M, ncols)
         m = i * ncols + j
-        xhat, rstd, xn = _normed(x_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, HAS_LNB)
+        _, xhat, rstd, xn = _normed(x_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, HAS_LNB)
         _store_rows(xn_ptr, m, ok, 0, C, xn, C)
         dxn = tl.zeros((BLOCK_M, C), dtype=tl.float32)
         for n0 in range(0, n_out, BLOCK_N):
@@ -136,7 +122,7 @@ if tp.HAS_TRITON:
         m = i * ncols + j
         c = tl.arange(0, C)
         hh = tl.arange(0, BLOCK_H)
-        xhat, rstd, xn = _normed(x_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, True)
+        _, xhat, rstd, xn = _normed(x_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, True)
         _store_rows(xn_ptr, m, ok, 0, C, xn, C)
         xn = xn.to(wi_ptr.dtype.element_ty)
         dy = tl.load(dy_ptr + i[:, None] * y0 + j[:, None] * y1 + c[None, :] * yc, mask=ok[:, None], other=0.0)
@@ -170,7 +156,7 @@ if tp.HAS_TRITON:
         pid = tl.program_id(0)
         i, j, ok = _rows(pid, BLOCK_M, M, ncols)
         m = i * ncols + j
-        _, _, zn = _normed(z_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, True)
+        _, _, _, zn = _normed(z_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, True)
         _store_rows(zn_ptr, m, ok, 0, C, zn, C)
         zn = zn.to(w_ptr.dtype.element_ty)
         mask = tl.load(mask_ptr + i * m0 + j * m1, mask=ok, other=0.0).to(tl.float32)[:, None]
@@ -198,7 +184,7 @@ if tp.HAS_TRITON:
                 dzn = tl.dot(dg.to(wg.dtype), wg, dzn, input_precision=PREC)
         # the normalised tile again (a second read of z), rather than kept live across the loop: the
         # kernel spilled registers with it on sm_90 (scripts/triton_resources.py)
-        zhat, rstd, _ = _normed(z_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, True)
+        _, zhat, rstd, _ = _normed(z_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, True)
         _ln_backward(dzn, zhat, rstd, lnw_ptr, dz_ptr, i, j, ok, d0, d1, dc, part_ptr, pid, C)
 
     @triton.jit
@@ -211,8 +197,8 @@ if tp.HAS_TRITON:
         i, j, ok = _rows(pid, BLOCK_M, M, ncols)
         m = i * ncols + j
         c = tl.arange(0, C)
-        xhat, xrstd, xn = _normed(x_ptr, i, j, ok, x0, x1, xc, lnxw_ptr, lnxb_ptr, eps, CX, True)
-        zhat, zrstd, zn = _normed(z_ptr, i, j, ok, z0, z1, zc, lnzw_ptr, lnzb_ptr, eps, C, True)
+        _, xhat, xrstd, xn = _normed(x_ptr, i, j, ok, x0, x1, xc, lnxw_ptr, lnxb_ptr, eps, CX, True)
+        _, zhat, zrstd, zn = _normed(z_ptr, i, j, ok, z0, z1, zc, lnzw_ptr, lnzb_ptr, eps, C, True)
         _store_rows(xn_ptr, m, ok, 0, CX, xn, CX)
         _store_rows(zn_ptr, m, ok, 0, C, zn, C)
         wo_t = _weight_t(wo_ptr, 0, C, swo_n, swo_k, CX, C)   # [CX, C]

@@ -50,18 +50,19 @@ if HAS_TRITON:
         return m // ncols, m % ncols, m < M
 
     @triton.jit
-    def _load_normed(x_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C: tl.constexpr, HAS_LNB: tl.constexpr):
-        """The tile ``x[i, j, :]`` ``[BLOCK_M, C]`` in fp32 and its LayerNorm."""
+    def _normed(x_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C: tl.constexpr, HAS_LNB: tl.constexpr):
+        """The tile ``x[i, j, :]`` ``[BLOCK_M, C]`` in fp32 and its LayerNorm: ``(x, x̂, rstd, LN(x))``
+        (the backward kernels of ``ops/triton_backward.py`` use ``x̂`` and ``rstd``)."""
         c = tl.arange(0, C)
         x = tl.load(x_ptr + i[:, None] * s0 + j[:, None] * s1 + c[None, :] * sc, mask=ok[:, None], other=0.0)
         x = x.to(tl.float32)
-        mean = tl.sum(x, axis=1) / C
-        xc = x - mean[:, None]
+        xc = x - (tl.sum(x, axis=1) / C)[:, None]
         rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / C + eps)
-        y = xc * rstd[:, None] * tl.load(lnw_ptr + c).to(tl.float32)[None, :]
+        xhat = xc * rstd[:, None]
+        y = xhat * tl.load(lnw_ptr + c).to(tl.float32)[None, :]
         if HAS_LNB:
             y += tl.load(lnb_ptr + c).to(tl.float32)[None, :]
-        return x, y
+        return x, xhat, rstd, y
 
     @triton.jit
     def _weight_t(w_ptr, n0, n_out, swn, swk, K: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -76,7 +77,7 @@ if HAS_TRITON:
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
         """One tile of rows, normalised once, against every ``BLOCK_N`` columns of ``w`` in turn."""
         i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
-        _, xn = _load_normed(x_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, HAS_LNB)
+        _, _, _, xn = _normed(x_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, HAS_LNB)
         xn = xn.to(w_ptr.dtype.element_ty)
         for n0 in range(0, n_out, BLOCK_N):
             acc = tl.dot(xn, _weight_t(w_ptr, n0, n_out, swn, swk, C, BLOCK_N), input_precision=PREC)
@@ -90,7 +91,7 @@ if HAS_TRITON:
                                   C: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
         """``w: [4k, C]`` = projections of a, of b, gates of a, of b; ``BLOCK_N`` channels of each in turn."""
         i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
-        _, zn = _load_normed(z_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, True)
+        _, _, _, zn = _normed(z_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, True)
         zn = zn.to(w_ptr.dtype.element_ty)
         mask = tl.load(mask_ptr + i * m0 + j * m1, mask=ok, other=0.0).to(tl.float32)[:, None]
         for n0 in range(0, k_ch, BLOCK_N):
@@ -112,8 +113,8 @@ if HAS_TRITON:
                                 CX: tl.constexpr, C: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr,
                                 PREC: tl.constexpr):
         i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
-        _, xn = _load_normed(x_ptr, i, j, ok, x0, x1, xc, lnxw_ptr, lnxb_ptr, eps, CX, True)
-        z, zn = _load_normed(z_ptr, i, j, ok, z0, z1, zc, lnzw_ptr, lnzb_ptr, eps, C, True)
+        _, _, _, xn = _normed(x_ptr, i, j, ok, x0, x1, xc, lnxw_ptr, lnxb_ptr, eps, CX, True)
+        z, _, _, zn = _normed(z_ptr, i, j, ok, z0, z1, zc, lnzw_ptr, lnzb_ptr, eps, C, True)
         wo = _weight_t(wo_ptr, 0, C, swo_n, swo_k, CX, C)
         wg = _weight_t(wg_ptr, 0, C, swg_n, swg_k, C, C)
         upd = tl.dot(xn.to(wo.dtype), wo, input_precision=PREC) * tl.sigmoid(tl.dot(zn.to(wg.dtype), wg, input_precision=PREC))
@@ -148,7 +149,7 @@ if HAS_TRITON:
         """``hidden`` channels in chunks of ``BLOCK_H``: ``a`` is ``W_in`` rows ``[h, h+BLOCK_H)``,
         ``b`` rows ``hidden + [h, h+BLOCK_H)``; the chunk's ``silu(a) * b`` meets ``W_out[:, h:...]``."""
         i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
-        x, xn = _load_normed(x_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, True)
+        x, _, _, xn = _normed(x_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, True)
         xn = xn.to(wi_ptr.dtype.element_ty)
         acc = tl.zeros((BLOCK_M, C), dtype=tl.float32)
         hh = tl.arange(0, BLOCK_H)
