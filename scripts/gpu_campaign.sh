@@ -19,8 +19,8 @@
 #
 # Set up first (once per checkout): the pure-Python wheels cpbench needs beyond torch
 # (hydra-core, omegaconf, antlr4, submitit, hydra-submitit-launcher) in .whl/ of the repository
-# (ignored by git), and for model=stock/* lines the stock packages' wheels in .whl/stock/
-# (`bash scripts/install_stock.sh --gpu-wheels`). They are installed into /tmp/site, and
+# (ignored by git), and for model=stock/* lines the stock packages' wheels in .whl/stock/ or its
+# part folders (`bash scripts/install_stock.sh --gpu-wheels .whl/stock MODEL...`). They are installed into /tmp/site, and
 # cpbench runs from the tree. For model=foldcp/* lines, Fold-CP's wheels in .whl/foldcp/
 # (`bash scripts/install_foldcp.sh --gpu-wheels`) go into /tmp/site-foldcp, first on the path of
 # those lines only (Fold-CP installs as `boltz`, the stock Boltz-2's name). A tree without .git
@@ -45,9 +45,11 @@ if ! python3 -c "import hydra, submitit" 2>/dev/null; then
 else
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
-if compgen -G ".whl/stock/*.whl" > /dev/null; then  # the stock models' packages (model=stock/*)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/stock/*.whl \
-    || { echo "cannot install .whl/stock/*.whl"; exit 1; }
+stock_wheels=$(compgen -G ".whl/stock/*.whl"; compgen -G ".whl/stock/*/*.whl")  # its parts, carried call by call
+if [ -n "$stock_wheels" ]; then  # the stock models' packages (model=stock/*)
+  # shellcheck disable=SC2086
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $stock_wheels \
+    || { echo "cannot install .whl/stock's wheels"; exit 1; }
   export PYTHONPATH=/tmp/site:$PYTHONPATH
 fi
 if compgen -G ".whl/foldcp/*.whl" > /dev/null; then  # Fold-CP (model=foldcp/*), apart from the stock boltz
