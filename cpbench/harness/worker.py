@@ -11,7 +11,9 @@ Outcome (one JSON per rank): ``status`` ok | oom | error, ``message`` (one line)
 ``peak_alloc_gib``, ``peak_reserved_gib``, ``memory_measure``, ``times_ms`` (timing repeats,
 this rank), ``warmup_ms``, ``loss``, ``stats`` (the adapter's), ``seconds``,
 ``energy_j_per_step`` (NVML's energy counter over the timed repeats / repeats, this rank's GPU;
-None when absent: ``cpbench.harness.energy``). After every step a
+None when absent: ``cpbench.harness.energy``). With ``count_collectives`` (timing) and more than one
+rank, an adapter whose stats have no ``comm_step`` runs one more step, untimed, whose collectives
+``cpbench.harness.collectives`` counts into its stats. After every step a
 rank also writes ``<work_dir>/rank<R>.progress.json`` (``warmup_ms``, ``times_ms``, ``stats`` so
 far), which the runner reads when the point times out: how far a too-slow point got.
 """
@@ -132,6 +134,15 @@ def run_rank(spec: dict, rank: int, device_index: int, outcome: dict) -> None:
     # An adapter that resets the CUDA peak per stage (stage_peak_gib) cleared the process peak too.
     stage_peaks = [v for v in (outcome["stats"].get("stage_peak_gib") or {}).values() if v is not None]
     outcome["peak_alloc_gib"] = max([outcome["peak_alloc_gib"], *stage_peaks])
+    if spec.get("count_collectives") and dist.get_world_size() > 1 and "comm_step" not in outcome["stats"]:
+        # the adapter counts no collectives (the reference trunk does): one more step, untimed, under
+        # a dispatch mode that counts them (cpbench.harness.collectives), for the link model
+        from cpbench.harness.collectives import count_step
+
+        try:
+            outcome["stats"].update(count_step(step, lambda: _sync(device)))
+        except Exception as exc:  # noqa: BLE001 -- the timed steps stand; say why there are no counts
+            outcome["stats"]["comm_count_error"] = _one_line(exc)
     outcome["status"], outcome["message"] = "ok", ""
 
 
