@@ -25,7 +25,11 @@ Optional extensions, used when present:
   ``{"embedding": .., "trunk": .., "sampling": ..}`` or ``{"forward": .., "backward_optimizer":
   ..}``; omit it where it is not measured -- the reference adapter records it on CUDA only,
   resetting the peak counter at each stage start, so the worker takes the run's peak as the max
-  of its own reading and these stage peaks), ``comm_bytes_per_block``, ``comm_share``.
+  of its own reading and these stage peaks), ``comm_bytes_per_block``, ``comm_share``,
+  ``comm_step`` (``{kind: {"calls", "bytes"}}``, kinds ``all_gather``, ``reduce_scatter``,
+  ``all_reduce``, ``all_to_all``, ``p2p``: what the link model prices). Without ``comm_step`` the
+  harness counts the step's collectives itself in one untimed step after a timing's repeats
+  (``cpbench.harness.collectives``).
 
 Optional class-level checks, run by the config validation before any job starts (the adapter
 is not instantiated there):
