@@ -44,6 +44,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
+from tune_triton_passes import table_of  # noqa: E402 -- scripts/, first on the path of a script
 
 from cpbench.models.pairformer.ops import triton_attention as ta  # noqa: E402
 from cpbench.models.pairformer.ops import triton_backward as tb  # noqa: E402
@@ -138,12 +139,11 @@ def calls(n: int, dtype: str = "bf16") -> dict[str, Callable[[], object]]:
 
 
 def tables(name: str) -> tuple[dict, str]:
-    """The launch-settings table a kernel family reads and its key there."""
+    """The launch-settings table a kernel family reads and its key there (the passes' as
+    ``scripts/tune_triton_passes.py`` tunes them)."""
     if name == "attention":
         return {"attention": ta.TILES}, "attention"
-    if name.endswith("_bwd"):
-        return tb.BWD_TILES, name[:-4]
-    return tp.TILES, name
+    return table_of(name)
 
 
 def settings(name: str, grid: bool) -> list[dict | None]:
@@ -167,7 +167,7 @@ def run(name: str, call: Callable[[], object], setting: dict | None) -> list[dic
         launches = captured_launches(call)
         lines = []
         for kernel, args, kwargs in launches:
-            if name.endswith("_bwd") and kernel.fn.__name__ in {k.fn.__name__ for k in (tp_kernels())}:
+            if name.endswith("_bwd") and kernel.fn.__module__ != tb.__name__:
                 continue  # the forward launch of an autograd function
             start = time.perf_counter()
             try:
@@ -181,11 +181,6 @@ def run(name: str, call: Callable[[], object], setting: dict | None) -> list[dic
     finally:
         table[key].clear()
         table[key].update(saved)
-
-
-def tp_kernels() -> list[JITFunction]:
-    return [tp._norm_linear_kernel, tp._triangle_operands_kernel, tp._triangle_update_kernel,
-            tp._gated_output_kernel, tp._swiglu_kernel]
 
 
 def main() -> None:

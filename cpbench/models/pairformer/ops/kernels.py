@@ -150,6 +150,11 @@ def triton_passes(like: torch.Tensor) -> bool:
     (or Triton's interpreter), without autograd or in compiled training (``compile_training``)."""
     if _passes != "triton" or _active != "flex" or (torch.is_grad_enabled() and not _compile_training):
         return False
+    return _triton_runs_on(like)
+
+
+def _triton_runs_on(like: torch.Tensor) -> bool:
+    """Whether Triton kernels can take ``like``: on CUDA, or anywhere in Triton's interpreter."""
     from cpbench.models.pairformer.ops import triton_passes as tp  # imports Triton only when chosen
 
     return like.is_cuda or tp.interpreted()
@@ -168,9 +173,7 @@ def triton_attention(like: torch.Tensor) -> bool:
     under ``flex``, on CUDA (or Triton's interpreter), without autograd."""
     if _attention != "triton" or _active != "flex" or torch.is_grad_enabled():
         return False
-    from cpbench.models.pairformer.ops import triton_passes as tp  # imports Triton only when chosen
-
-    return like.is_cuda or tp.interpreted()
+    return _triton_runs_on(like)
 
 
 def attention_ran(training: bool, device: torch.device) -> str | None:

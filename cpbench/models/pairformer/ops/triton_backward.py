@@ -264,6 +264,16 @@ def _3d(t: torch.Tensor) -> torch.Tensor:
     return tp._as3(t)
 
 
+def _ln_buffers(kernel: str, x: torch.Tensor, M: int, C: int) -> tuple[torch.Tensor, torch.Tensor, dict, int, torch.Tensor]:
+    """What the backward of an op that normalises ``x`` (``M`` rows of ``C`` channels) allocates:
+    ``dx`` (``x``'s shape), the normalised rows ``xn: [M, C]`` (the weight gradient's operand),
+    ``kernel``'s launch settings, its program count and their partial LayerNorm sums."""
+    tiles = _launch(kernel, x)
+    programs = _grid(M, tiles["BLOCK_M"])
+    return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty((M, C), dtype=x.dtype, device=x.device),
+            tiles, programs, _partials(programs, C, x))
+
+
 class _NormLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, ln_w, ln_b, w):
@@ -277,15 +287,12 @@ class _NormLinear(torch.autograd.Function):
         R, N, C = x3.shape
         M = R * N
         wc = w.to(x.dtype)
-        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        xn = torch.empty((M, C), dtype=x.dtype, device=x.device)
-        tiles = _launch("norm_linear", x)
+        dx, xn, tiles, programs, part = _ln_buffers("norm_linear", x, M, C)
         tiles["BLOCK_N"] = max(16, min(tiles["BLOCK_N"], triton.next_power_of_2(w.shape[0])))
-        programs = _grid(M, tiles["BLOCK_M"])
-        part = _partials(programs, C, x)
+        dx3 = _3d(dx)
         _norm_linear_bwd[(programs,)](
             x3, *x3.stride(), ln_w, ln_b if ln_b is not None else ln_w, wc, *wc.stride(), dy3, *dy3.stride(),
-            _3d(dx), *_3d(dx).stride(), xn, part, M, N, w.shape[0], tp.EPS, C=C, HAS_LNB=ln_b is not None,
+            dx3, *dx3.stride(), xn, part, M, N, w.shape[0], tp.EPS, C=C, HAS_LNB=ln_b is not None,
             PREC=tp._prec(x), **tiles)
         d_lnw, d_lnb = _ln_grads(part, ln_w, ln_b)
         return dx, d_lnw, d_lnb, _weight_grad(dy.reshape(M, -1), xn, w)
@@ -305,11 +312,12 @@ class _GatedOutput(torch.autograd.Function):
         M = R * N
         wc = w.to(o.dtype)
         d_o, d_g = torch.empty(o.shape, dtype=o.dtype, device=o.device), torch.empty(g.shape, dtype=g.dtype, device=g.device)
+        do3, dg3 = _3d(d_o), _3d(d_g)
         h = torch.empty((M, K), dtype=o.dtype, device=o.device)
         tiles = _launch("gated_output", o)
         _gated_output_bwd[(_grid(M, tiles["BLOCK_M"]),)](
-            o3, *o3.stride(), g3, *g3.stride(), wc, *wc.stride(), dy3, *dy3.stride(), _3d(d_o), *_3d(d_o).stride(),
-            _3d(d_g), *_3d(d_g).stride(), h, M, N, K=K, C=w.shape[0], PREC=tp._prec(o), **tiles)
+            o3, *o3.stride(), g3, *g3.stride(), wc, *wc.stride(), dy3, *dy3.stride(), do3, *do3.stride(),
+            dg3, *dg3.stride(), h, M, N, K=K, C=w.shape[0], PREC=tp._prec(o), **tiles)
         return d_o, d_g, _weight_grad(dy.reshape(M, -1), h, w)
 
 
@@ -326,16 +334,13 @@ class _SwigluTransition(torch.autograd.Function):
         R, N, C = x3.shape
         M, hidden = R * N, w_out.shape[1]
         wi, wo = w_in.to(x.dtype), w_out.to(x.dtype)
-        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        xn = torch.empty((M, C), dtype=x.dtype, device=x.device)
+        dx, xn, tiles, programs, part = _ln_buffers("swiglu_transition", x, M, C)
+        dx3 = _3d(dx)
         act = torch.empty((M, hidden), dtype=x.dtype, device=x.device)
         dab = torch.empty((M, 2 * hidden), dtype=x.dtype, device=x.device)
-        tiles = _launch("swiglu_transition", x)
-        programs = _grid(M, tiles["BLOCK_M"])
-        part = _partials(programs, C, x)
         _swiglu_bwd[(programs,)](
             x3, *x3.stride(), ln_w, ln_b, wi, *wi.stride(), wo, *wo.stride(), dy3, *dy3.stride(),
-            _3d(dx), *_3d(dx).stride(), xn, act, dab, part, M, N, hidden, tp.EPS, C=C, PREC=tp._prec(x), **tiles)
+            dx3, *dx3.stride(), xn, act, dab, part, M, N, hidden, tp.EPS, C=C, PREC=tp._prec(x), **tiles)
         d_lnw, d_lnb = _ln_grads(part, ln_w, ln_b)
         return dx, d_lnw, d_lnb, _weight_grad(dab, xn, w_in), _weight_grad(dy.reshape(M, -1), act, w_out)
 
@@ -354,13 +359,9 @@ class _TriangleOperands(torch.autograd.Function):
         da = da if da is not None else z.new_zeros((k, r, n))
         db = db if db is not None else z.new_zeros((k, r, n))
         wc = w.to(z.dtype)
-        dz = torch.empty(z.shape, dtype=z.dtype, device=z.device)
-        zn = torch.empty((M, C), dtype=z.dtype, device=z.device)
-        dp = torch.empty((M, 4 * k), dtype=z.dtype, device=z.device)
-        tiles = _launch("triangle_operands", z)
+        dz, zn, tiles, programs, part = _ln_buffers("triangle_operands", z, M, C)
         tiles["BLOCK_N"] = min(tiles["BLOCK_N"], k)
-        programs = _grid(M, tiles["BLOCK_M"])
-        part = _partials(programs, C, z)
+        dp = torch.empty((M, 4 * k), dtype=z.dtype, device=z.device)
         _triangle_operands_bwd[(programs,)](
             z, *z.stride(), ln_w, ln_b, wc, *wc.stride(), mask, *mask.stride(), da, *da.stride(), db, *db.stride(),
             dz, *dz.stride(), zn, dp, part, M, n, k, tp.EPS, C=C, PREC=tp._prec(z), **tiles)
