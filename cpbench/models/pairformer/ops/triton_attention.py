@@ -113,12 +113,10 @@ if HAS_TRITON:
 
 
 # Launch settings in half precision: ROWS rows share each bias tile; BLOCK_M queries and BLOCK_N
-# keys per step. Not timed yet: chosen from compiles for sm_90 on a CPU (scripts/triton_resources.py
-# --kernels attention --grid, Triton 3.6.0 and 3.9.0, 2026-12-05): 195 registers, no spills, wgmma,
-# 64 KiB of shared memory; with 128-query blocks and two rows a program loads keys and values once
-# per 128 queries and the bias once per two rows. scripts/flex_microbench.py --cases triton times
-# the alternatives on a GPU.
-TILES = dict(ROWS=2, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)
+# keys per step. Measured on one H100 at N=2,048, 256 rows (scripts/flex_microbench.py --cases
+# triton, 2026-12-05: docs/benchmarks/2026-12-05-h100-triton/tattn.json): 194 TFLOP/s, against
+# 204 for flex; two rows per program reached 188 at best, the earlier CPU-chosen two-row setting 113.
+TILES = dict(ROWS=1, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
 # fp32 (the parity reference): smaller tiles, one stage (shared memory)
 FP32_TILES = dict(ROWS=2, BLOCK_M=32, BLOCK_N=32, num_stages=1)
 

@@ -207,12 +207,12 @@ def usable(t: torch.Tensor, channels: int) -> bool:
 # for triangle_update and swiglu_transition, which spilled registers with 4 when compiled for sm_90
 # (scripts/triton_resources.py: 8 and 0-168 bytes per thread with Triton 3.6.0 and 3.9.0).
 # scripts/tune_triton_passes.py times the alternatives on a GPU.
-TILES = {
-    "norm_linear": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-    "triangle_operands": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-    "triangle_update": dict(BLOCK_M=64, num_warps=8, num_stages=3),
+TILES = {  # measured on one H100 at N=2,048 (scripts/tune_triton_passes.py, 2026-12-05: docs/benchmarks/2026-12-05-h100-triton/tune.json)
+    "norm_linear": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+    "triangle_operands": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1),
+    "triangle_update": dict(BLOCK_M=64, num_warps=4, num_stages=3),
     "gated_output": dict(BLOCK_M=64, num_warps=4, num_stages=3),
-    "swiglu_transition": dict(BLOCK_M=64, BLOCK_H=64, num_warps=8, num_stages=3),
+    "swiglu_transition": dict(BLOCK_M=64, BLOCK_H=128, num_warps=4, num_stages=1),
 }
 # fp32 (the parity reference): 64-row tiles with 3 stages asked 311 KiB of shared memory in
 # triangle_operands on an H200 (227 KiB there; 2026-12-05)
