@@ -15,6 +15,7 @@ callback calls ``build_report(sweep_dir, out=report.out)``.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -26,9 +27,9 @@ from cpbench.report.headline import headline_rows, headline_section, run_context
 from cpbench.report.load import load_records
 from cpbench.report.peers import peers_section
 from cpbench.report.plots import write_plots
-from cpbench.report.readme import readme_table, replace_marked_block, table_rows
+from cpbench.report.readme import on_hardware, primary_hardware, readme_table, replace_marked_block, table_rows
 from cpbench.report.readout import readout
-from cpbench.report.rows import probe_point_rows, result_rows
+from cpbench.report.rows import HARDWARE, hardware_of, probe_point_rows, result_rows
 from cpbench.report.sections import flops_section, memory_section, metadata_section, plots_section, results_section
 
 REPORT_STEM = "cp_benchmark"
@@ -84,10 +85,17 @@ def build_report(root, out=None, baseline_max_n: int | None = None,
             copied.append((name, title, target if path is not None else None, reason))
         written.update(_write(out, rows, records, copied, command, baseline_max_n, "out_", parity))
     if readme is not None:
-        headline = headline_rows(rows, baseline_max_n)
-        block = readme_table(table_rows(headline, rows), run_context(records, headline, routine=None))
-        if replace_marked_block(Path(readme), block):
-            written["readme"] = Path(readme)
+        readme = Path(readme)
+        main = primary_hardware(rows)
+        headline, main_rows = on_hardware(headline_rows(rows, baseline_max_n), rows, main)
+        others = sorted(set(rows[HARDWARE]) - {main}) if main is not None else []
+        report_md = out if out is not None else root / f"{REPORT_STEM}.md"
+        link = f"[{report_md.name}]({os.path.relpath(report_md, readme.resolve().parent)})"
+        block = readme_table(table_rows(headline, main_rows),
+                             run_context([r for r in records if main is None or hardware_of(r) == main], headline,
+                                         routine=None), others, link)
+        if replace_marked_block(readme, block):
+            written["readme"] = readme
     return written
 
 

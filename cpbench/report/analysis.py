@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from cpbench.report.rows import HARDWARE
 from cpbench.results import INCOMPLETE
 from cpbench.results.memory_fit import MIN_LEAN_POINTS
 
@@ -25,10 +26,10 @@ def walltime_exponent(n_tokens, walltime_ms) -> float | None:
     return float(np.polyfit(np.log(n), np.log(t), 1)[0])
 
 
-TIMING_POINT = ["model", "workflow", "CP config", "N_tokens"]
+TIMING_POINT = [HARDWARE, "model", "workflow", "CP config", "N_tokens"]
 # A timing series: the points of one walltime curve. The kernel backend is part of it (one run may
 # time the same point under flex and torch: neither replaces the other).
-TIMING_SERIES = ["model", "workflow", "CP config", "kernels"]
+TIMING_SERIES = [HARDWARE, "model", "workflow", "CP config", "kernels"]
 
 
 # What names a timing point: its series and N.
@@ -58,7 +59,7 @@ def latest_ok_timing(rows: pd.DataFrame, point_keys: list[str] | None = None) ->
     """The ok timing rows, the latest (by ``date``) of each point measured more than once: a
     rerun after a code change replaces the older figure in the plots and the readout, instead of
     being averaged with it (the table keeps every row). A point is ``point_keys`` (default
-    ``TIMING_POINT_KEYS``: model, workflow, CP config, N and kernel backend, so the same N under
+    ``TIMING_POINT_KEYS``: hardware, model, workflow, CP config, N and kernel backend, so the same N under
     another backend is another point; the estimate adds the dtype)."""
     ok = ok_timing(rows)
     if ok.empty or "date" not in ok:
@@ -130,41 +131,45 @@ class StockBaseline:
     workflow: str
     max_n: int
     lower_bound: bool   # the stock probe's max N only bounds it from below
+    hardware: str = ""  # the GPU it ran on (rows.HARDWARE)
 
     def phrase(self) -> str:
         """``the stock Boltz-2 trunk on one GPU (5,120)``; ``≥ 5,120`` for a lower bound."""
         return f"the stock {self.title} trunk on one GPU ({'≥ ' if self.lower_bound else ''}{self.max_n:,})"
 
 
-def stock_baselines(rows: pd.DataFrame) -> dict[str, list[StockBaseline]]:
-    """Per workflow label: each stock model's cp=1 max N (the largest of its probes), by model."""
+def stock_baselines(rows: pd.DataFrame) -> dict[tuple[str, str], list[StockBaseline]]:
+    """Per (hardware, workflow label): each stock model's cp=1 max N (the largest of its probes), by model."""
     if rows.empty or "stock" not in rows:
         return {}
     fits = rows[(rows["row"] == "max-fit") & rows["N_tokens"].notna() & rows["stock"].notna() & (rows["cp"] == 1)]
-    out: dict[str, list[StockBaseline]] = {}
-    for (model, workflow), grp in fits.groupby(["model", "workflow"], sort=True):
+    fits = fits.assign(**{HARDWARE: fits[HARDWARE].fillna("") if HARDWARE in fits else ""})
+    out: dict[tuple[str, str], list[StockBaseline]] = {}
+    for (hardware, model, workflow), grp in fits.groupby([HARDWARE, "model", "workflow"], sort=True):
         best = best_fit(grp)
-        out.setdefault(str(workflow), []).append(StockBaseline(
+        out.setdefault((str(hardware), str(workflow)), []).append(StockBaseline(
             str(best["stock"].iloc[0]), str(model), str(workflow), int(best["N_tokens"].iloc[0]),
-            bool(is_lower_bound(best).iloc[0])))
+            bool(is_lower_bound(best).iloc[0]), str(hardware)))
     return out
 
 
 def stock_baseline_for(same_wf: pd.DataFrame, model: str, workflow: str,
-                       baselines: dict[str, list[StockBaseline]]) -> StockBaseline | None:
-    """The stock baseline the rows ``same_wf`` (one model, one workflow) are compared with: None
-    when they are a stock model's own; else the stock trunk of the same name (``boltz2`` ->
-    ``stock-boltz2``) where ``baselines`` (``stock_baselines``) hold it for ``workflow``, else the first by name."""
+                       baselines: dict[tuple[str, str], list[StockBaseline]], hardware: str = "") -> StockBaseline | None:
+    """The stock baseline the rows ``same_wf`` (one model, one workflow, on ``hardware``) are
+    compared with: None when they are a stock model's own; else the stock trunk of the same name
+    (``boltz2`` -> ``stock-boltz2``) where ``baselines`` (``stock_baselines``) hold it for
+    ``workflow`` on the same hardware, else the first by name there."""
     if "stock" in same_wf and bool(same_wf["stock"].notna().any()):
         return None
-    baselines = baselines.get(workflow, [])
+    baselines = baselines.get((hardware, workflow), [])
     if not baselines:
         return None
     named = [b for b in baselines if b.model.endswith(f"-{model}")]
     return (named or baselines)[0]
 
 
-def memory_points(rows: pd.DataFrame, points: pd.DataFrame, group_keys: tuple[str, ...] = ("model", "workflow", "CP config"),
+def memory_points(rows: pd.DataFrame, points: pd.DataFrame,
+                  group_keys: tuple[str, ...] = (HARDWARE, "model", "workflow", "CP config"),
                   point_keys: list[str] | None = None) -> pd.DataFrame:
     """Every (N, per-rank peak) measured where the step fit: ok timing rows (``latest_ok_timing``
     with ``point_keys``) and fitting probe points, with their ``group_keys`` columns, ``cp`` and

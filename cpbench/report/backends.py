@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from cpbench.report.analysis import TIMING_POINT, ok_timing
-from cpbench.report.rows import day_of, without_training_path
+from cpbench.report.rows import HARDWARE, day_of, ensure_hardware, several_hardware, with_hardware, without_training_path
 
 PARITY_GLOB = "kernel_parity*.json"
 
@@ -19,7 +19,7 @@ def backend_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """The latest ok timing row per point and backend, for points measured under two backends
     or more, with ``speedup`` = the ``torch`` row's walltime over this one's. A compiled training
     point (``model [model.compile_training=true]``) pairs with the same model's ``torch`` point."""
-    ok = ok_timing(rows)
+    ok = ensure_hardware(ok_timing(rows))
     if ok.empty or "kernels" not in ok or ok["kernels"].dropna().nunique() < 2:
         return pd.DataFrame()
     ok = ok[ok["kernels"].notna()].copy()
@@ -59,22 +59,25 @@ def backends_section(rows: pd.DataFrame, parity: list[dict]) -> str:
                      "different dates were not run side by side: compare them with care.")
         lines = ["| model | workflow | CP config | N | backend | walltime (ms) | peak (GiB) | speed-up | date |",
                  "|---|---|---|---|---|---|---|---|---|"]
+        several = several_hardware(table)
         for _, r in table.iterrows():
             speedup = "" if pd.isna(r["speedup"]) else f"{r['speedup']:.2f}×"
-            lines.append(f"| {r['model']} | {r['workflow']} | {r['CP config']} | {int(r['N_tokens']):,} | "
+            model = with_hardware(r["model"], r[HARDWARE], several)
+            lines.append(f"| {model} | {r['workflow']} | {r['CP config']} | {int(r['N_tokens']):,} | "
                          f"{r['kernels']} | {r['walltime (ms)']:,.1f} | {r['peak_mem (GiB)']:.2f} | {speedup} | "
                          f"{day_of(r.get('date'))} |")
         parts.append("\n".join(lines))
     if parity:
         parts.append("Deviation from the `torch` path (`scripts/kernel_parity.py`: norm-wise relative error of "
                      "the outputs and, where the training path ran, of every parameter gradient):")
-        lines = ["| backend | what | dtype | N | worst output | median param grad | worst (where) | tolerance | ok |",
-                 "|---|---|---|---|---|---|---|---|---|"]
+        lines = ["| backend | what | dtype | N | worst output | median param grad | worst (where) | tolerance | ok | GPU |",
+                 "|---|---|---|---|---|---|---|---|---|---|"]
         for p in parity:
             worst_out = max((p.get("outputs") or {}).values(), default=float("nan"))
             grad = p.get("param_grad_median_rel")
             lines.append(f"| {p.get('backend')} | {p.get('what')} | {p.get('dtype')} | {p.get('N')} | {worst_out:.2e} | "
                          f"{'' if grad is None else f'{grad:.2e}'} | {p.get('worst_rel', float('nan')):.2e} "
-                         f"({p.get('worst')}) | {p.get('tol')} | {'yes' if p.get('ok') else 'no'} |")
+                         f"({p.get('worst')}) | {p.get('tol')} | {'yes' if p.get('ok') else 'no'} | "
+                         f"{str(p.get('gpu') or 'CPU').removeprefix('NVIDIA ')} |")
         parts.append("\n".join(lines))
     return "\n\n".join(parts)

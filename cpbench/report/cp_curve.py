@@ -1,7 +1,7 @@
 """The CP curve: max N against CP size, measured and emulated side by side, and the emulated
 timings beside their measured twins.
 
-``cp_curve_section`` writes, per model and workflow, one table row per topology and kind
+``cp_curve_section`` writes, per hardware, model and workflow, one table row per topology and kind
 (measured, or ``emulated``: rank 0 of cp=K alone over the fake process group) and one column per
 CP size, with the ideal √K line from the cp=1 max N; then, where a configuration has both a
 measured and an emulated figure, both and their ratio. ``emulated_timing_section`` lists the
@@ -16,7 +16,7 @@ import math
 import pandas as pd
 
 from cpbench.report.analysis import best_fit_per_cp, is_lower_bound, latest_ok_timing
-from cpbench.report.rows import EMULATED
+from cpbench.report.rows import EMULATED, HARDWARE, ensure_hardware, several_hardware, with_hardware
 
 DASH = "—"
 
@@ -24,7 +24,8 @@ DASH = "—"
 def _fits(rows: pd.DataFrame) -> pd.DataFrame:
     if rows.empty:
         return rows
-    fits = rows[(rows["row"] == "max-fit") & rows["N_tokens"].notna()]
+    fits = ensure_hardware(rows)
+    fits = fits[(rows["row"] == "max-fit") & rows["N_tokens"].notna()]
     emulated = fits["emulated"].fillna(False).astype(bool) if "emulated" in fits else False
     return fits.assign(emulated=emulated)
 
@@ -45,8 +46,10 @@ def cp_curve_section(rows: pd.DataFrame) -> str:
              "`emulate.comm_reserve_gib` held back). The ideal row scales the cp=1 max N by √K (per-rank pair memory "
              "O(N²/K)). `≥`: a lower bound. Plot: the max N plot below.", ""]
     pairs = []
-    for (model, workflow), same in fits.groupby(["model", "workflow"], sort=True):
+    several = several_hardware(fits)
+    for (hardware, model, workflow), same in fits.groupby([HARDWARE, "model", "workflow"], sort=True):
         cps = sorted(int(c) for c in same["cp"].dropna().unique())
+        model = with_hardware(str(model), hardware, several)
         text += [f"**{model}, {workflow}**", "", "| | " + " | ".join(f"cp={c}" for c in cps) + " |",
                  "|---|" + "---|" * len(cps)]
         cp1 = best_fit_per_cp(same[(same["cp"] == 1) & ~same["emulated"]])
@@ -83,7 +86,7 @@ def _measured_and_emulated(same: pd.DataFrame, model, workflow) -> list[str]:
 def emulated_timing_section(rows: pd.DataFrame) -> str:
     """Emulated timings (per-rank compute, modelled communication, predicted step range) beside the
     measured timing of the same model, workflow, CP config, kernels and N where one exists."""
-    ok = latest_ok_timing(rows) if not rows.empty else rows
+    ok = latest_ok_timing(ensure_hardware(rows)) if not rows.empty else rows
     if ok.empty or "emulated" not in ok or not ok["emulated"].fillna(False).any():
         return ""
     emulated = ok[ok["emulated"].fillna(False).astype(bool)]
@@ -95,14 +98,17 @@ def emulated_timing_section(rows: pd.DataFrame) -> str:
             "the measured step of the same point where one ran, and measured / emulated.", "",
             "| model | workflow | CP config | N | kernels | compute (ms) | comm (ms, modelled) | link | step (ms, predicted) "
             "| dominant | measured (ms) | measured / emulated |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for _, r in emulated.sort_values(["model", "workflow", "N_tokens", "cp", "CP config"]).iterrows():
-        twin = measured[(measured["model"] == r["model"]) & (measured["workflow"] == r["workflow"])
+    several = several_hardware(ok)
+    for _, r in emulated.sort_values([HARDWARE, "model", "workflow", "N_tokens", "cp", "CP config"]).iterrows():
+        twin = measured[(measured[HARDWARE] == r[HARDWARE]) & (measured["model"] == r["model"])
+                        & (measured["workflow"] == r["workflow"])
                         & (measured["CP config"] == r["CP config"].removesuffix(f" {EMULATED}"))
                         & (measured["N_tokens"] == r["N_tokens"]) & (measured["kernels"] == r["kernels"])]
         twin_ms = float(twin["walltime (ms)"].iloc[-1]) if not twin.empty else None
         comm, ratio = r.get("comm (ms, modelled)"), (twin_ms / float(r["walltime (ms)"]) if twin_ms else None)
         text.append(
-            f"| {r['model']} | {r['workflow']} | {r['CP config']} | {int(r['N_tokens']):,} | {r.get('kernels') or DASH} | "
+            f"| {with_hardware(r['model'], r[HARDWARE], several)} | {r['workflow']} | {r['CP config']} | "
+            f"{int(r['N_tokens']):,} | {r.get('kernels') or DASH} | "
             f"{float(r['walltime (ms)']):,.1f} | {_num(comm)} | {_text(r.get('link'))} | "
             f"{_text(r.get('step range (ms, modelled)'))} | {_text(r.get('dominant cost'))} | "
             f"{_num(twin_ms)} | {f'{ratio:.4f}' if ratio else DASH} |")

@@ -26,7 +26,7 @@ from cpbench.report.analysis import (
     stock_baseline_for,
     stock_baselines,
 )
-from cpbench.report.rows import day_of
+from cpbench.report.rows import HARDWARE, day_of, ensure_hardware, with_hardware
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class HeadlineRow:
     baseline_name: str | None = None   # "cp=1" | "baseline" | "the stock Boltz-2 trunk on one GPU (5,120)"
     baseline_lower: bool = False
     command: str | None = None         # the command that made the figure (its record's overrides)
+    hardware: str = ""                 # the GPU it ran on (rows.HARDWARE)
 
     @property
     def ratio(self) -> float | None:
@@ -61,16 +62,18 @@ class HeadlineRow:
 
 
 def headline_rows(rows: pd.DataFrame, baseline_max_n: int | None = None) -> list[HeadlineRow]:
-    """One ``HeadlineRow`` per (model, workflow, CP config) with a measured max N, ordered by
-    model, workflow, cp and CP config; of several probes of one configuration, ``best_fit``."""
+    """One ``HeadlineRow`` per (hardware, model, workflow, CP config) with a measured max N, ordered
+    by hardware, model, workflow, cp and CP config; of several probes of one configuration,
+    ``best_fit``. A ratio compares figures of one hardware only."""
     if rows.empty:
         return []
+    rows = ensure_hardware(rows)
     fits = rows[(rows["row"] == "max-fit") & rows["N_tokens"].notna()]
     baselines = stock_baselines(rows)
     out = []
-    for (model, workflow), same_wf in fits.groupby(["model", "workflow"], sort=True):
+    for (hardware, model, workflow), same_wf in fits.groupby([HARDWARE, "model", "workflow"], sort=True):
         cp1 = best_fit_per_cp(same_wf[same_wf["cp"] == 1])
-        stock = stock_baseline_for(same_wf, str(model), str(workflow), baselines)
+        stock = stock_baseline_for(same_wf, str(model), str(workflow), baselines, str(hardware))
         for cp_config, grp in same_wf.groupby("CP config", sort=False):
             best = best_fit(grp)
             row = best.iloc[0]
@@ -86,8 +89,9 @@ def headline_rows(rows: pd.DataFrame, baseline_max_n: int | None = None) -> list
                 baseline = {"baseline_n": int(cp1["N_tokens"].iloc[0]), "baseline_name": "cp=1",
                             "baseline_lower": bool(is_lower_bound(cp1).iloc[0])}
             out.append(HeadlineRow(str(model), str(workflow), str(cp_config), int(row["cp"]), int(row["N_tokens"]),
-                                   reason, _note(row, reason), command=row.get("command"), **baseline))
-    return sorted(out, key=lambda h: (h.model, h.workflow, h.cp, h.cp_config))
+                                   reason, _note(row, reason), command=row.get("command"), hardware=str(hardware),
+                                   **baseline))
+    return sorted(out, key=lambda h: (h.hardware, h.model, h.workflow, h.cp, h.cp_config))
 
 
 def _reason(row, coarse: bool) -> str:
@@ -139,8 +143,10 @@ def headline_section(headline: list[HeadlineRow]) -> str:
              f"{COARSE_GAP_TOKENS} tokens above: a coarse bracket). The ratio compares against "
              + _baseline_text(headline), "",
              "| model | workflow | CP config | max N | vs baseline | note |", "|---|---|---|---|---|---|"]
+    several = len({h.hardware for h in headline}) > 1
     for h in headline:
-        text.append(f"| {h.model} | {h.workflow} | {h.cp_config} | {h.max_n_text()} | {h.ratio_text() or '—'} | "
+        text.append(f"| {with_hardware(h.model, h.hardware, several)} | {h.workflow} | {h.cp_config} | "
+                    f"{h.max_n_text()} | {h.ratio_text() or '—'} | "
                     f"{h.note or '—'} |")
     return "\n".join(text)
 

@@ -62,7 +62,33 @@ def load_records(root: str | os.PathLike) -> list[tuple[Path, dict]]:
             readable.append((path, record))
     if _row_error(readable, root):  # rare: then find the records at fault, one at a time
         readable = [item for item in readable if not _skipped_for_rows(item, root)]
-    return without_continued_probes(readable)
+    return without_continued_probes(_with_hardware(readable, root))
+
+
+def _with_hardware(found: list[tuple[Path, dict]], root: Path) -> list[tuple[Path, dict]]:
+    """``found``, where a stopped probe's state predates its ``env`` (what it ran on) and sits in a
+    folder below ``root`` whose other records all name one GPU model: that model, marked
+    ``env.gpu_model_from: "neighbours"`` (one campaign call runs on one machine). Else unchanged:
+    the report then keeps such a record apart from every named GPU's figures."""
+    named = [(path.parent, rec["env"]["gpu_model"]) for path, rec in found if (rec.get("env") or {}).get("gpu_model")]
+    out = []
+    for path, rec in found:
+        env = rec.get("env") or {}
+        if env.get("gpu_model") or not rec.get("state_file") or (rec.get("point") or {}).get("device") == "cpu":
+            out.append((path, rec))
+            continue
+        models: set[str] = set()
+        for folder in path.parents:
+            if folder == root or not folder.is_relative_to(root):
+                break
+            models = {model for where, model in named if where.is_relative_to(folder)}
+            if models:
+                break
+        if len(models) == 1:
+            rec = {**rec, "env": {**env, "device": env.get("device") or "cuda", "gpu_model": models.pop(),
+                                  "gpu_model_from": "neighbours"}}
+        out.append((path, rec))
+    return out
 
 
 def _skipped_for_rows(item: tuple[Path, dict], root: Path) -> bool:

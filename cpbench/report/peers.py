@@ -1,8 +1,8 @@
 """Peer CP implementations: the reference trunk beside another team's CP trunk measured through
 the same hooks and routines (Fold-CP, ``model=foldcp/*``; ``docs/peers.md``).
 
-Rows pair up by configuration: workflow, CP config (emulated or not), dtype, device and the
-trunk's sizes, and by kernel class: ``plain`` where both run PyTorch's own ops (the reference
+Rows pair up by configuration: workflow, CP config (emulated or not), dtype, device, hardware (the
+GPU model) and the trunk's sizes, and by kernel class: ``plain`` where both run PyTorch's own ops (the reference
 under ``model.kernels=torch``, Fold-CP with ``reference`` triangle and pair-bias attention),
 ``fastest`` where each runs its fastest kernels available there. Only the reference's trunk
 without an MSA module (``model.msa_blocks=0``, no sampling) compares: Fold-CP's trunk has none.
@@ -18,13 +18,13 @@ from __future__ import annotations
 import pandas as pd
 
 from cpbench.report.analysis import best_fit, is_lower_bound
-from cpbench.report.rows import PAIR_TERM, STAGE_PREFIX, day_of
+from cpbench.report.rows import HARDWARE, PAIR_TERM, STAGE_PREFIX, day_of
 
 REFERENCE = "reference"
 PEERS = {"foldcp-": "Fold-CP"}  # model name prefix -> implementation
 REFERENCE_TRUNK_ONLY = "model.msa_blocks=0"
 PLAIN_KERNELS = {"torch", "reference"}  # the reference's model.kernels=torch; Fold-CP's reference backends
-CONFIG = ["workflow", "CP config", "dtype", "device", "sizes", "kernel class"]
+CONFIG = ["workflow", "CP config", "dtype", "device", HARDWARE, "sizes", "kernel class"]
 DASH = "—"
 
 
@@ -118,9 +118,10 @@ def peers_section(rows: pd.DataFrame) -> str:
             "that peak over the same share. "
             "Ratios: peer over reference, at the same N. `≥`: a lower bound.", ""]
     for config, same in table.groupby(CONFIG, dropna=False, sort=True):
-        workflow, cp_config, dtype, device, sizes, klass = config
+        workflow, cp_config, dtype, device, hardware, sizes, klass = config
         sizes_note = f", {sizes}" if sizes else ""
-        text += [f"**{workflow}, {cp_config}, {dtype} on {device}{sizes_note}, {klass} kernels**", "",
+        where = str(hardware).removeprefix("NVIDIA ") if isinstance(hardware, str) and hardware else device
+        text += [f"**{workflow}, {cp_config}, {dtype} on {where}{sizes_note}, {klass} kernels**", "",
                  "| implementation | version | kernels | max N | z shards (N² term) | N | time (ms) | peak (GiB) | "
                  "× z shard | status | date |",
                  "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -41,7 +41,7 @@ from cpbench.report.analysis import (  # noqa: E402
     with_kernel_labels,
 )
 from cpbench.report.readout import is_lower_bound  # noqa: E402
-from cpbench.report.rows import STAGE_PEAK_PREFIX  # noqa: E402
+from cpbench.report.rows import STAGE_PEAK_PREFIX, ensure_hardware, hardware_in_model, several_hardware  # noqa: E402
 from cpbench.results.memory_fit import fit_peak_memory  # noqa: E402
 
 
@@ -139,8 +139,9 @@ def _max_n_series(ax, best: pd.DataFrame, color: str, label: str, shift: float =
 def plot_walltime(rows: pd.DataFrame, path: Path) -> str | None:
     """Median walltime vs N (log-log) per (model, workflow, CP config, kernel backend), fitted
     exponent in the legend (the backend named where several ran)."""
-    ok = with_kernel_labels(latest_ok_timing(rows))
-    groups = [(k, g) for k, g in ok.groupby(TIMING_SERIES, sort=True)
+    ok = with_kernel_labels(latest_ok_timing(ensure_hardware(rows)))
+    # a series' hardware is in its model label (write_plots: hardware_in_model) where several ran
+    groups = [(k[1:], g) for k, g in ok.groupby(TIMING_SERIES, sort=True)
               if g["N_tokens"].nunique() >= 2] if not ok.empty else []
     if not groups:
         return "needs ok timing results at 2 or more N for one CP config"
@@ -162,7 +163,7 @@ def plot_walltime(rows: pd.DataFrame, path: Path) -> str | None:
 def plot_memory(rows: pd.DataFrame, points: pd.DataFrame, path: Path) -> str | None:
     """Per-rank peak memory vs N per (model, workflow, CP config), with its quadratic fit (over the
     group's lean points where it has enough: ``analysis.fitting_subset``)."""
-    data = memory_points(rows, points)
+    data = memory_points(ensure_hardware(rows), ensure_hardware(points))
     if data.empty:
         return "no peak memory measured at a point that fit"
     with_model = data["model"].nunique() > 1
@@ -253,6 +254,9 @@ def write_plots(rows: pd.DataFrame, points: pd.DataFrame, out_dir: Path,
     Returns:
         ``[(name, title, path or None, reason skipped or None)]`` in report order.
     """
+    rows, points = ensure_hardware(rows), ensure_hardware(points)
+    several = several_hardware(rows)
+    rows, points = hardware_in_model(rows, several), hardware_in_model(points, several)
     out = []
     for name, (title, fn) in PLOTS.items():
         path = out_dir / f"{stem}_{name}.png"

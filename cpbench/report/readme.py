@@ -9,9 +9,12 @@ the row (its result's own overrides). The table goes between the README's
 ``<!-- headline:start -->`` and ``<!-- headline:end -->`` markers (``replace_marked_block``), so
 the README's figures come from the report, never typed by hand.
 
-A ``model.blocks`` slice times part of the trunk, not the model's step: its timings stay in the
-report, out of this table. A compiled training point (``[model.compile_training=true]``) is the
-model's training step on another backend: the backend names it.
+The table holds one hardware's figures: the GPU model with the most results (``primary_hardware``);
+a line under it names the others, whose figures are in the report (a ratio across two GPU models
+would not be a ratio of CP sizes or kernels). A ``model.blocks`` slice times part of the trunk,
+not the model's step: its timings stay in the report, out of this table. A compiled training
+point (``[model.compile_training=true]``) is the model's training step on another backend: the
+backend names it.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import pandas as pd
 
 from cpbench.report.analysis import latest_ok_timing
 from cpbench.report.headline import HeadlineRow
-from cpbench.report.rows import day_of, without_training_path
+from cpbench.report.rows import HARDWARE, day_of, ensure_hardware, without_training_path
 
 README_START = "<!-- headline:start -->"
 README_END = "<!-- headline:end -->"
@@ -56,6 +59,7 @@ class StepTime:
 
 @dataclass
 class TableRow:
+    hardware: str
     model: str
     workflow: str
     cp_config: str
@@ -65,16 +69,16 @@ class TableRow:
     commands: list[str] = field(default_factory=list)
 
 
-def step_times(rows: pd.DataFrame) -> dict[tuple[str, str, str], StepTime]:
-    """``(model, workflow, CP config) -> StepTime`` at the largest N of its whole-model timings."""
-    latest = latest_ok_timing(rows)
+def step_times(rows: pd.DataFrame) -> dict[tuple[str, str, str, str], StepTime]:
+    """``(hardware, model, workflow, CP config) -> StepTime`` at the largest N of its whole-model timings."""
+    latest = latest_ok_timing(ensure_hardware(rows))
     if latest.empty:
         return {}
     latest = latest[latest["model"].map(lambda m: isinstance(m, str) and DEPTH_SLICE not in m)].copy()
     latest["model"] = latest["model"].map(without_training_path)
     latest["kernels"] = latest["kernels"].fillna("") if "kernels" in latest else ""
     out = {}
-    for key, config in latest.groupby(["model", "workflow", "CP config"], sort=False):
+    for key, config in latest.groupby([HARDWARE, "model", "workflow", "CP config"], sort=False):
         at_n = config[config["N_tokens"] == config["N_tokens"].max()]
         best = at_n.loc[at_n["walltime (ms)"].idxmin()]
         step = StepTime(int(best["N_tokens"]), float(best["walltime (ms)"]), str(best["kernels"]),
@@ -93,21 +97,42 @@ def table_rows(headline: list[HeadlineRow], rows: pd.DataFrame) -> list[TableRow
     steps = step_times(rows)
     out, used = [], set()
     for h in headline:
-        key = (without_training_path(h.model), h.workflow, h.cp_config)
+        key = (h.hardware, without_training_path(h.model), h.workflow, h.cp_config)
         step = steps.get(key)
         used.add(key)
         vs_stock = h.ratio_text() if (h.baseline_name or "").startswith("the stock ") else None
-        out.append(TableRow(h.model, h.workflow, h.cp_config, f"{h.max_n_text()}" + (f" ({h.note})" if h.note else ""),
+        out.append(TableRow(h.hardware, h.model, h.workflow, h.cp_config,
+                            f"{h.max_n_text()}" + (f" ({h.note})" if h.note else ""),
                             vs_stock.split("× ", 1)[0] + "×" if vs_stock else DASH, step,
                             [c for c in (_command(h.command), step.command if step else None) if c]))
     for key, step in steps.items():
         if key not in used:
             out.append(TableRow(*key, step=step, commands=[step.command] if step.command else []))
-    return sorted(out, key=lambda r: (r.model, r.workflow, _cp_order(r.cp_config)))
+    return sorted(out, key=lambda r: (r.hardware, r.model, r.workflow, _cp_order(r.cp_config)))
 
 
-def readme_table(table: list[TableRow], context: str) -> str:
-    """The README block: a lead line naming ``context`` (where and when), the table."""
+def primary_hardware(rows: pd.DataFrame) -> str | None:
+    """The hardware the README's table shows: the GPU model with the most result rows (of equal
+    counts, the first by name); the CPU, or whatever the rows name, where none ran on a GPU."""
+    if rows.empty or HARDWARE not in rows:
+        return None
+    counts = rows[HARDWARE].fillna("").value_counts()
+    gpus = counts[[h not in ("", "CPU", "cpu") for h in counts.index]]
+    counts = gpus if not gpus.empty else counts
+    return min(counts.index[counts == counts.max()]) if not counts.empty else None
+
+
+def on_hardware(headline: list[HeadlineRow], rows: pd.DataFrame, hardware: str | None):
+    """``headline`` and ``rows`` of ``hardware`` alone (all of them for None)."""
+    if hardware is None or rows.empty:
+        return headline, rows
+    return [h for h in headline if h.hardware == hardware], rows[rows[HARDWARE] == hardware]
+
+
+def readme_table(table: list[TableRow], context: str, others: list[str] | None = None,
+                 report_link: str = "the report") -> str:
+    """The README block: a lead line naming ``context`` (where and when), the table, and a line
+    naming the ``others`` hardware whose figures only the report (``report_link``) holds."""
     lines = [f"Measured {context}; `≥` marks a lower bound, `emulated` a CP size run as rank 0 alone on one GPU "
              "(written by `python -m cpbench.report --readme`):", "",
              "| configuration | max N | × stock Boltz-2 | step time | reproduce |", "|---|---|---|---|---|"]
@@ -117,6 +142,8 @@ def readme_table(table: list[TableRow], context: str) -> str:
         lines.append(f"| {what} | {r.max_n} | {r.vs_stock} | {r.step.text() if r.step else DASH} | {command} |")
     if not table:
         lines.append(f"| no result | {DASH} | {DASH} | {DASH} | {DASH} |")
+    if others:
+        lines += ["", f"Figures on {', '.join(others)}: {report_link}."]
     return "\n".join(lines)
 
 

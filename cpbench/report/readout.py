@@ -26,6 +26,7 @@ from cpbench.report.analysis import (
     walltime_exponent,
     with_kernel_labels,
 )
+from cpbench.report.rows import HARDWARE, ensure_hardware, several_hardware, with_hardware
 
 
 def _n(value) -> str:
@@ -37,20 +38,24 @@ def _group_label(model: str, workflow: str, topology: str, with_model: bool) -> 
 
 
 def max_n_sentences(rows: pd.DataFrame, baseline_max_n: int | None) -> list[str]:
-    """One sentence per (model, workflow, topology): max N per cp, ratios to cp=1 and baseline.
+    """One sentence per (hardware, model, workflow, topology): max N per cp, ratios to cp=1 and baseline.
 
     cp=1 is the same computation whatever the topology: a topology without a cp=1 probe of its
     own is compared against the cp=1 probe of another topology (the sentence names it)."""
+    rows = ensure_hardware(rows)
     fits = rows[(rows["row"] == "max-fit") & rows["N_tokens"].notna()]
     if fits.empty:
         return ["No probe found a max N in these results."]
-    with_model = fits["model"].nunique() > 1
+    several = several_hardware(fits)
+    with_model = fits["model"].nunique() > 1 or several
     out, any_lower, any_unstable = [], False, False
     baselines = stock_baselines(rows)
-    for (model, workflow), same_wf in fits.groupby(["model", "workflow"], sort=True):
+    for (hardware, model, workflow), same_wf in fits.groupby([HARDWARE, "model", "workflow"], sort=True):
         cp1_any = best_fit_per_cp(same_wf[same_wf["cp"] == 1])
         # the stock single-GPU baseline of this workflow, unless the user gave one or this is one
-        stock = None if baseline_max_n else stock_baseline_for(same_wf, str(model), str(workflow), baselines)
+        stock = (None if baseline_max_n
+                 else stock_baseline_for(same_wf, str(model), str(workflow), baselines, str(hardware)))
+        model = with_hardware(str(model), hardware, several)
         for topology, grp in same_wf.groupby("topology", sort=True):
             best = best_fit_per_cp(grp)
             by_cp = dict(zip(best["cp"].astype(int), best["N_tokens"].astype(int)))
@@ -70,7 +75,8 @@ def max_n_sentences(rows: pd.DataFrame, baseline_max_n: int | None) -> list[str]
                     mark = ratio_mark(cp in lower, base_lower)
                     text += f" ({mark}{max_n / base_n:.2f}× cp=1{base_note}; ideal √{cp} = {math.sqrt(cp):.2f}×)"
                 parts.append(text)
-            sentence = f"{_group_label(model, workflow, topology, with_model).capitalize()}: max N {', '.join(parts)}"
+            label = _group_label(model, workflow, topology, with_model)
+            sentence = f"{label[:1].upper() + label[1:]}: max N {', '.join(parts)}"
             if base_n is None:
                 sentence += " (no cp=1 probe in these results to compare against)"
             if baseline_max_n:
@@ -101,14 +107,16 @@ def stock_sentence(best: pd.DataFrame, stock: StockBaseline) -> str:
 
 
 def walltime_sentences(rows: pd.DataFrame) -> list[str]:
-    """Per (model, workflow): the fitted walltime exponent per CP config, and the cp speedup at
+    """Per (hardware, model, workflow): the fitted walltime exponent per CP config, and the cp speedup at
     the largest N all its CP configs share."""
-    ok = with_kernel_labels(latest_ok_timing(rows))
+    ok = with_kernel_labels(latest_ok_timing(ensure_hardware(rows)))
     if ok.empty:
         return []
     out = []
-    with_model, with_kernels = ok["model"].nunique() > 1, ok["kernels"].nunique() > 1
-    for (model, workflow, kernels), grp in ok.groupby(["model", "workflow", "kernels"], sort=True):
+    several = several_hardware(ok)
+    with_model, with_kernels = ok["model"].nunique() > 1 or several, ok["kernels"].nunique() > 1
+    for (hardware, model, workflow, kernels), grp in ok.groupby([HARDWARE, "model", "workflow", "kernels"], sort=True):
+        model = with_hardware(str(model), hardware, several)
         what = f"{workflow}, {model}" if with_model else workflow
         if with_kernels:  # the same points under several backends: a sentence per backend
             what += f", kernels={kernels or 'unknown'}"

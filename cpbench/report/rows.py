@@ -30,6 +30,44 @@ SIZE_KEYS = frozenset({"model.blocks", "model.msa_blocks", "model.atom_blocks", 
                        "model.diffusion.blocks"})
 COMPILED_TRAINING = "model.compile_training=true"  # the label of a training point on the compiled flex path
 PAIRFORMER_PRESET = "pairformer"  # model=pairformer: the sizes of model=boltz2 under the preset's own name
+HARDWARE = "hardware"  # the GPU model a row ran on ("NVIDIA H200"), "CPU": part of every configuration's identity
+
+
+def hardware_of(rec: dict) -> str:
+    """What a result ran on: its GPU model (``env.gpu_model``) on CUDA, ``CPU`` on a CPU, else the
+    device name (``""`` where the record says nothing). Figures of two GPU models are never one
+    configuration: every grouping of the report keys on it."""
+    env, point = rec.get("env") or {}, rec.get("point") or {}
+    device = point.get("device") or env.get("device") or ""
+    if device == "cuda" and env.get("gpu_model"):
+        return str(env["gpu_model"])
+    return "CPU" if device == "cpu" else str(device)
+
+
+def with_hardware(label: str, hardware: object, several: bool) -> str:
+    """``label`` followed by ``on H100 80GB HBM3`` where a table holds ``several`` GPU models."""
+    if not several or not isinstance(hardware, str) or not hardware:
+        return label
+    return f"{label} on {hardware.removeprefix('NVIDIA ')}"
+
+
+def ensure_hardware(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with a ``hardware`` column ("" where a frame made by hand has none)."""
+    return frame if HARDWARE in frame else frame.assign(**{HARDWARE: ""})
+
+
+def several_hardware(frame: pd.DataFrame) -> bool:
+    """Whether ``frame``'s rows ran on more than one kind of hardware."""
+    return HARDWARE in frame and frame[HARDWARE].nunique() > 1
+
+
+def hardware_in_model(frame: pd.DataFrame, several: bool) -> pd.DataFrame:
+    """``frame`` with its hardware folded into the model label where ``several`` ran (the plots,
+    whose series and legends key on the model), so that one key still tells them apart."""
+    if not several or frame.empty or HARDWARE not in frame:
+        return frame
+    labels = [with_hardware(m, h, True) if isinstance(m, str) else m for m, h in zip(frame["model"], frame[HARDWARE])]
+    return frame.assign(model=labels, **{HARDWARE: ""})
 
 
 def model_label(rec: dict) -> str | None:
@@ -123,7 +161,7 @@ def result_rows(records: Iterable[tuple[Path, dict]], root: Path, peak_tflops: f
     if frame.empty:
         return pd.DataFrame(columns=list(TABLE_COLUMNS) + ["workflow", "status", "row"])
     frame["_kind"] = (frame["row"] == "max-fit").astype(int)
-    frame = frame.sort_values(["model", "workflow", "topology", "cp", "CP config", "_kind", "N_tokens"],
+    frame = frame.sort_values([HARDWARE, "model", "workflow", "topology", "cp", "CP config", "_kind", "N_tokens"],
                               na_position="last", kind="stable").drop(columns="_kind")
     for col in ("N_tokens", "N_atoms", "MSA_seq", "cp", "first_fail_n", "depth"):
         if col in frame:
@@ -141,7 +179,7 @@ def probe_point_rows(records: Iterable[tuple[Path, dict]]) -> pd.DataFrame:
         point = rec.get("point", {})
         for p in rec.get("points") or []:
             rows.append({
-                "model": model_label(rec), "workflow": workflow_label(point),
+                "model": model_label(rec), "workflow": workflow_label(point), HARDWARE: hardware_of(rec),
                 "topology": point.get("topology"), "cp": point.get("cp"), "CP config": cp_config_label(point),
                 "emulated": bool(point.get("emulated")),
                 "kernels": kernels_of(rec, point.get("model") or (rec.get("config") or {}).get("model") or {}),
@@ -150,7 +188,8 @@ def probe_point_rows(records: Iterable[tuple[Path, dict]]) -> pd.DataFrame:
                 "peak_reserved_gib": max_over_ranks(p.get("peak_reserved_gib")), "seconds": p.get("seconds"),
                 "lean": bool(p.get("lean")),
             })
-    return pd.DataFrame(rows, columns=["model", "workflow", "topology", "cp", "CP config", "emulated", "kernels", "dtype",
+    return pd.DataFrame(rows, columns=["model", "workflow", HARDWARE, "topology", "cp", "CP config", "emulated", "kernels",
+                                       "dtype",
                                        "N", "fits",
                                        "status", "peak_alloc_gib", "peak_reserved_gib", "seconds", "lean"])
 
@@ -166,6 +205,7 @@ def _row(path: Path, rec: dict, root: Path, peak_tflops_cfg: float | None) -> di
         "topology": point.get("topology"), "cp": point.get("cp"),
         "mesh": "x".join(map(str, point.get("mesh_shape") or [])) or None,
         "model": model_label(rec), "stock": stock_title(model), "dtype": point.get("dtype"), "device": point.get("device"),
+        HARDWARE: hardware_of(rec),
         "MSA_seq": point.get("S"), "CP config": cp_config_label(point), "emulated": bool(point.get("emulated")),
         "message": _first_line(rec.get("message")), "date": env.get("date"), "command": command_of(rec),
         "version": version_of(rec),

@@ -11,7 +11,7 @@ import pandas as pd
 
 from cpbench.models.pairformer import flops
 from cpbench.report.memory_table import memory_tables
-from cpbench.report.rows import ENERGY_COLUMN, STAGE_PEAK_PREFIX, STAGE_PREFIX, TABLE_COLUMNS
+from cpbench.report.rows import ENERGY_COLUMN, HARDWARE, STAGE_PEAK_PREFIX, STAGE_PREFIX, TABLE_COLUMNS
 from cpbench.results import INCOMPLETE
 
 DASH = "—"
@@ -143,7 +143,7 @@ def results_section(rows: pd.DataFrame) -> str:
         extra.append("stage times (ms)")
     if peaks:
         extra.append("stage peaks (GiB)")
-    for context in ("model", "dtype"):  # shown only when the rows differ in it (else: metadata)
+    for context in ("model", HARDWARE, "dtype"):  # shown only when the rows differ in it (else: metadata)
         if table[context].nunique() > 1:
             extra.insert(0, context)
     fmt = {"walltime (ms)": _num(2), "IQR (ms)": _num(2), "tokens/s": _num(0), "TFLOP/s/GPU": _sig(3),

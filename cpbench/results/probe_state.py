@@ -116,19 +116,19 @@ def incomplete_probe(state_path: Path) -> dict | None:
         "max_n": at_max["N"] if at_max else None, "first_fail_n": first_fail,
         "first_fail_status": fail["status"] if fail else None, "timed_out_n": timed_out,
         "depth": state.get("depth"), "depth_verified": state.get("depth_verified"), "points": points,
-        # the GPU memory the predict strategy used (report.memory_table.capacity_gib reads env)
-        **_capacity_env(state.get("capacity"), point),
+        # what it ran on, and the GPU memory the predict strategy used (report.memory_table.capacity_gib reads env)
+        "env": {**(state.get("env") or {}), **_capacity_env(state.get("capacity"), point)},
         "peak_alloc_gib": max_over_ranks(at_max["peak_alloc_gib"]) if at_max else None,
         "signature": state.get("signature"), "state_file": state_path.name,
     }
 
 
 def _capacity_env(capacity: dict | None, point: dict) -> dict:
-    """``{"env": {"device", "gpu_memory_gib"}}`` when the state recorded the GPU's memory, else {}
-    (a ``memory.limit_gib`` cap is in the point already)."""
+    """``{"device", "gpu_memory_gib"}`` when the state recorded the GPU's memory, else {} (a
+    ``memory.limit_gib`` cap is in the point already)."""
     if not capacity or capacity.get("source") != "gpu_memory_gib" or not capacity.get("gib"):
         return {}
-    return {"env": {"device": point.get("device"), "gpu_memory_gib": capacity["gib"]}}
+    return {"device": point.get("device"), "gpu_memory_gib": capacity["gib"]}
 
 
 def _granularity(state: dict, config: dict) -> int | None:

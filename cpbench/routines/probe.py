@@ -39,6 +39,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from cpbench.config import Point
+from cpbench.harness.env import env_metadata
 from cpbench.harness.memory import MEASURE_CPU, MEASURE_CUDA
 from cpbench.harness.runner import PointRun, Runner
 from cpbench.models.api import load_adapter, supports_lean, supports_run_blocks
@@ -58,6 +59,9 @@ DEPTH_FLOOR_GIB = {"cpu": 16 / 1024, "cuda": 0.125}
 
 class _PointCap(Exception):
     """probe.max_points reached, or probe.budget_s spent (the message says which)."""
+
+
+STATE_ENV_KEYS = ("date", "device", "gpu_model", "gpu_memory_gib")  # the state's env: what a report groups by
 
 
 class _TimedOut(Exception):
@@ -85,6 +89,7 @@ class Probe:
         self.timed_out_n: list[int] = []
         self.visited: list[int] = []  # N this search asked about, in order (replayed or measured)
         self.prediction: Prediction | None = None
+        self.hardware = {k: v for k, v in env_metadata(point.device).items() if k in STATE_ENV_KEYS}
 
     # ------------------------------------------------------------ state
     def _load_state(self) -> dict:
@@ -109,9 +114,9 @@ class Probe:
             "signature": self.signature, "depth": self.depth, "depth_verified": self.depth_verified,
             "depth_checked": self.depth_checked, "points": self.ordered_points(), "verify": self.verified,
             # what a report needs of a probe stopped before its result.json (results.incomplete_probe):
-            # its point, the granularity it bisected to, and the memory its peaks ran against (known
-            # once the predict strategy asked)
-            "point": self.point.record(), "granularity": self.settings.granularity,
+            # its point, the granularity it bisected to, the memory its peaks ran against (known
+            # once the predict strategy asked), and what it ran on (NVML: no CUDA context here)
+            "point": self.point.record(), "granularity": self.settings.granularity, "env": self.hardware,
             "capacity": {"gib": p.capacity_gib, "source": p.capacity_source} if p and p.capacity_gib else None})
 
     def ordered_points(self) -> list[dict]:

@@ -95,7 +95,23 @@ def test_a_predict_probe_keeps_the_memory_it_predicted_against_in_its_state(tmp_
     assert state["capacity"] == {"gib": CAP_GIB, "source": "memory.limit_gib"}
     assert _capacity_env(state["capacity"], state["point"]) == {}  # a cap is in the point already
     gpu = {"gib": 140.4, "source": "gpu_memory_gib"}
-    assert _capacity_env(gpu, {"device": "cuda"}) == {"env": {"device": "cuda", "gpu_memory_gib": 140.4}}
+    assert _capacity_env(gpu, {"device": "cuda"}) == {"device": "cuda", "gpu_memory_gib": 140.4}
+
+
+def test_a_stopped_probe_says_what_it_ran_on(tmp_path):
+    """The state keeps the probe's hardware (NVML's GPU model on CUDA), so a probe stopped before
+    its result.json is grouped with its own GPU's figures in the report."""
+    from cpbench.report.rows import hardware_of
+    from cpbench.results.probe_state import incomplete_probe
+
+    state_path = tmp_path / "probe_state.json"
+    point = probe_point(strategy="bisect", start=512, granularity=128)
+    Probe(point, RuleRunner(), state_path, "sig").run()
+    env = json.loads(state_path.read_text())["env"]
+    assert env["device"] == point.device and env["date"]
+    record = incomplete_probe(state_path)
+    assert record["env"]["device"] == point.device
+    assert hardware_of(record) == ("CPU" if point.device == "cpu" else env.get("gpu_model", point.device))
 
 
 @pytest.mark.parametrize("peak_gib", [

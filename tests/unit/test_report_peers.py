@@ -58,7 +58,7 @@ def test_reference_beside_fold_cp_with_ratios_and_shards(tmp_path):
     write(root, "ref_probe", probe(30000, 30200, "2026-12-05T01:30:00+00:00"))
     write(root, "fcp_plain", foldcp(2048, "reference", 6000.0, 6.0, "2026-12-05T02:00:00+00:00"))
     text = section(build_report(root)["markdown"].read_text(), "Peer CP implementations")
-    assert "**inference, 2d 2x2 cp=4 emulated, bf16 on cuda, plain kernels**" in text, text
+    assert "**inference, 2d 2x2 cp=4 emulated, bf16 on H200, plain kernels**" in text, text
     shards = 4.0 / pair_shard_gib(2048, 4, "bf16")
     assert (f"| reference | cpbench abc1234 | torch | 30,000 | {SHARDS:.2f} | 2,048 | 4,000.0 | 4.00 | {shards:.2f} | ok "
             "| 2026-12-05 |") in text, text

@@ -207,7 +207,9 @@ def usable(t: torch.Tensor, channels: int) -> bool:
 # for triangle_update and swiglu_transition, which spilled registers with 4 when compiled for sm_90
 # (scripts/triton_resources.py: 8 and 0-168 bytes per thread with Triton 3.6.0 and 3.9.0).
 # scripts/tune_triton_passes.py times the alternatives on a GPU.
-TILES = {  # measured on one H100 at N=2,048 (scripts/tune_triton_passes.py, 2026-12-05: docs/benchmarks/2026-12-05-h100-triton/tune.json)
+# measured on one H100 at N=2,048 (scripts/tune_triton_passes.py, 2026-12-05:
+# docs/benchmarks/2026-12-05-h100-triton/a/tune.json)
+TILES = {
     "norm_linear": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
     "triangle_operands": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1),
     "triangle_update": dict(BLOCK_M=64, num_warps=4, num_stages=3),
