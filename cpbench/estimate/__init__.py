@@ -8,7 +8,8 @@ unreadable file is skipped with one line naming it). The default DIR is ``DEFAUL
 H200 results committed in the repository's ``docs/benchmarks/``: they live outside the package,
 so an installed (non-editable) copy has none and needs ``--from``; the output says which
 directory it read. Per model × workflow × CP config (× kernel backend and dtype, which change
-both memory and time) two models are fitted over N:
+both memory and time, × the GPU model the figures were measured on: an H100's times are not an
+H200's) two models are fitted over N:
 
 * **peak memory per rank**: the report's ``a·N² + b·N + c`` (``cpbench.results.memory_fit``,
   non-negative terms) over every (N, peak allocated) where the step fit: ok timing rows and
@@ -56,13 +57,13 @@ import pandas as pd
 from cpbench.report.analysis import fitting_subset, latest_ok_timing, memory_points
 from cpbench.report.load import load_records
 from cpbench.report.memory_model import GPU_MEMORY_SIZES_GIB
-from cpbench.report.rows import ENERGY_COLUMN, STAGE_PREFIX, probe_point_rows, result_rows
+from cpbench.report.rows import ENERGY_COLUMN, HARDWARE, STAGE_PREFIX, probe_point_rows, result_rows
 from cpbench.results.memory_fit import MemoryFit, fit_peak_memory
 
 # The committed results of a source checkout (editable install); absent from an installed package.
 DEFAULT_RESULTS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 CP_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
-GROUP_KEYS = ("model", "workflow", "CP config", "kernels", "dtype")
+GROUP_KEYS = ("model", "workflow", "CP config", "kernels", "dtype", HARDWARE)  # one GPU model's figures per fit
 POOR_FIT_RESIDUAL = 0.5  # a fit that misses one of its points by more than this (relative) is flagged
 
 
@@ -225,6 +226,7 @@ class Answer:
     energy_j: Figure | None = None
     memory_model: str = ""
     time_model: str = ""
+    hardware: str | None = None  # the GPU model its figures were measured on (report.rows.HARDWARE)
 
 
 def _source(n: int, fit_range: tuple[int, int]) -> str:
@@ -238,7 +240,7 @@ def _missing(value: Any) -> bool:
 
 def _group_label(key: tuple) -> str:
     """``1d cp=2 [flex bf16]``: the CP config with the kernel backend (unless ``torch``) and dtype."""
-    _, _, config, kernels, dtype = key
+    _, _, config, kernels, dtype, _ = key
     extra = [str(k) for k in (None if kernels == "torch" else kernels, dtype) if not _missing(k) and k != ""]
     return f"{config}" + (f" [{' '.join(extra)}]" if extra else "")
 
@@ -303,7 +305,7 @@ def _answer(n: int, key: tuple, mem: pd.DataFrame, timing: pd.DataFrame, gpu_gib
             _fitted(Figure(memfit.predict_gib(n), _source(n, rng), rng, len(ns), memfit.describe()),
                     memfit.max_rel_residual)
     answer = Answer(model=key[0], workflow=key[1], config=_group_label(key), kernels=key[3], dtype=key[4], cp=cp,
-                    peak_gib=peak, memory_model=memfit.describe() if memfit else "")
+                    peak_gib=peak, memory_model=memfit.describe() if memfit else "", hardware=key[5])
     if peak.value is not None:
         sizes = {"G": gpu_gib} if gpu_gib else {}
         sizes.update({f"{s}": float(s) for s in GPU_MEMORY_SIZES_GIB})
@@ -377,7 +379,8 @@ def _time_answer(n: int, answer: Answer, timing: pd.DataFrame) -> None:
 def table(answers: list[Answer], n: int, gpu_gib: float | None) -> str:
     """The answers as one markdown table."""
     g = f"{gpu_gib:g} GiB" if gpu_gib else "G"
-    head = ["model", "workflow", "CP config", "peak/rank (GiB)", f"fits {g}"] + \
+    several = len({a.hardware for a in answers}) > 1  # then each row names the GPU it was measured on
+    head = ["model", "workflow", "CP config"] + (["measured on"] if several else []) + ["peak/rank (GiB)", f"fits {g}"] + \
         [f"{s}" for s in GPU_MEMORY_SIZES_GIB] + [f"min cp ({g})", "time/step (ms)", "energy/structure (J)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for a in answers:
@@ -391,7 +394,8 @@ def table(answers: list[Answer], n: int, gpu_gib: float | None) -> str:
         if a.sampling_ms is not None and a.trunk_ms is not None and a.time_ms and a.time_ms.source != "measured":
             time += f"; trunk {a.trunk_ms.value:,.0f} + sampling {a.sampling_ms.value:,.0f}"
         energy = a.energy_j.text(",.1f") if a.energy_j else "—"
-        cells = [a.model or "—", a.workflow or "—", a.config, a.peak_gib.text(".2f")] + fits + [min_cp, time, energy]
+        where = [str(a.hardware or "—").removeprefix("NVIDIA ")] if several else []
+        cells = [a.model or "—", a.workflow or "—", a.config, *where, a.peak_gib.text(".2f")] + fits + [min_cp, time, energy]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -401,7 +405,8 @@ def models_text(answers: list[Answer]) -> str:
     out = []
     for a in answers:
         parts = [f"peak {a.memory_model}" if a.memory_model else "", f"time {a.time_model}" if a.time_model else ""]
-        out.append(f"- {a.model} / {a.workflow} / {a.config}: " + "; ".join(p for p in parts if p))
+        where = f" / {str(a.hardware).removeprefix('NVIDIA ')}" if a.hardware else ""
+        out.append(f"- {a.model} / {a.workflow} / {a.config}{where}: " + "; ".join(p for p in parts if p))
     return "\n".join(out)
 
 

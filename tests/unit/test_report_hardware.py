@@ -81,3 +81,16 @@ def test_a_stopped_probe_without_env_takes_its_campaign_folders_gpu(tmp_path):
     found = {path: rec for path, rec in load_records(root)}
     assert hardware_of(found[state]) == H100 and found[state]["env"]["gpu_model_from"] == "neighbours"
     assert hardware_of(found[alone]) == "cuda"
+
+
+def test_the_estimate_times_each_gpu_from_its_own_measurements(tmp_path):
+    from cpbench.estimate import estimate, table
+    from cpbench.report.rows import probe_point_rows, result_rows
+
+    root = write(tmp_path / "results", {
+        "h200": timing(H200, 1, 2048, 5600.0, "2026-12-03"), "h100": timing(H100, 1, 2048, 5000.0, "2026-12-05")})
+    found = load_records(root)
+    answers = estimate(2048, result_rows(found, root), probe_point_rows(found), 80.0)
+    times = {a.hardware: a.time_ms.value for a in answers}
+    assert times == {H200: 5600.0, H100: 5000.0}
+    assert "| H100 80GB HBM3 |" in table(answers, 2048, 80.0)
