@@ -21,6 +21,12 @@ every op timed by a synchronized wall clock, median of ``--repeats`` blocks. Per
 more block runs under torch.profiler and ``kernel_table`` gives, per op, its GPU time, that time
 by kernel kind and its K longest kernels.
 
+With ``--cp K`` (and ``--grid CP0 CP1`` for 2d) the block is rank 0's of an emulated cp=K trunk
+(``emulate=true``'s fake process group: collectives return at once, their packing and copies
+run): the inputs the trunk hands its first block (this rank's shard of z) and its ops under that
+layout, so that each op's per-rank time at cp=K sits beside its cp=1 time (which ops scale 1/K,
+which do not). Its TFLOP/s are over a rank's 1/K share of the block's FLOPs.
+
 ``passes`` (CUDA, Nsight Compute): the same block, each backend in a child process under ``ncu``
 (``--profile-from-start off``: the warmup block is not profiled; ncu flushes the L2 before each
 kernel, so every kernel's reads come from DRAM), with a sentinel kernel (``torch.cuda._sleep``)
@@ -63,14 +69,14 @@ import sys
 import time
 
 import torch
-from one_gpu import TRUNK_ONLY, one_rank_mesh, trunk_setup
+from one_gpu import TRUNK_ONLY, emulated_mesh, one_rank_mesh, trunk_setup
 from torch.profiler import ProfilerActivity, profile
 
 from cpbench.models.pairformer.flops import PairformerSizes, block_flops
 from cpbench.models.pairformer.modules import block as block_module
 from cpbench.models.pairformer.modules.block import PairformerBlock, agreed_chunks
 from cpbench.models.pairformer.ops import kernels
-from cpbench.models.pairformer.parallel.layout import serial_layout
+from cpbench.models.pairformer.parallel.layout import Layout, serial_layout
 from cpbench.models.pairformer.parallel.transpose import transpose_pair
 
 SIZES = dict(c_s=384, c_z=128, heads_single=16, heads_tri=4, head_dim_tri=32, transition_factor=4)
@@ -129,10 +135,11 @@ def _now_ms(device: torch.device) -> float:
     return time.perf_counter() * 1e3
 
 
-def _block_ops(block: PairformerBlock, mask: torch.Tensor) -> list:
-    """``(name, op)`` per op of the block; ``op(s, z) -> (s, z)``, the pair as the trunk hands it on,
-    under the block's agreed chunk budget as the trunk runs it (``agreed_chunks``)."""
-    layout = serial_layout()
+def _block_ops(block: PairformerBlock, mask: torch.Tensor, layout: Layout | None = None) -> list:
+    """``(name, op)`` per op of the block; ``op(s, z) -> (s, z)``, the pair as the trunk hands it on
+    (this rank's shard of it under ``layout``: serial by default), under the block's agreed chunk
+    budget as the trunk runs it (``agreed_chunks``)."""
+    layout = layout if layout is not None else serial_layout()
 
     def in_block(op):
         def run(s: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -176,12 +183,37 @@ def _block_setup(n_tokens: int, backend: str, device: torch.device, dtype: str) 
     return s, z, _block_ops(block, torch.ones(n_tokens, dtype=torch.bool, device=device))
 
 
+def _emulated_block_setup(n_tokens: int, backend: str, mesh, device: torch.device, dtype: str) -> tuple:
+    """``(s, z, ops)`` of rank 0's first block of the trunk-only boltz2 pass on ``mesh`` (a cp=K
+    group over the fake process group, ``one_gpu.emulated_mesh``): the inputs the trunk hands
+    that block (its shard of z, its s), caught by a forward pre-hook in one inference step of a
+    one-block trunk under ``backend``, and the block's ops under that step's layout."""
+    choices = kernels.choices_of(backend)
+    adapter, model, batch = trunk_setup(n_tokens, 1, choices["kernels"], mesh, device, dtype,
+                                        passes=choices["passes"], attention=choices["attention"])
+    block = next(m for m in model.modules() if isinstance(m, PairformerBlock))
+    caught: dict = {}
+
+    def catch(_module, args):
+        caught.setdefault("args", [a.clone() if torch.is_tensor(a) else a for a in args])
+
+    handle = block.register_forward_pre_hook(catch)
+    with torch.no_grad():
+        adapter.run_step(model, batch, train=False)
+    handle.remove()
+    s, z, mask, layout = caught["args"][:4]
+    return s, z, _block_ops(block, mask, layout)
+
+
 def profile_block(n_tokens: int, backend: str, warmup: int, repeats: int, device: torch.device,
-                  dtype: str = "bf16", kernel_rows_per_op: int = 0) -> dict:
+                  dtype: str = "bf16", kernel_rows_per_op: int = 0, mesh=None) -> dict:
     """Median ms per op of one block at ``n_tokens`` under ``backend`` (module docstring: ``block``;
-    ``flex+triton``: ``flex`` with ``model.passes=triton``)."""
+    ``flex+triton``: ``flex`` with ``model.passes=triton``); with ``mesh`` (``--cp``), rank 0's
+    ops of an emulated cp=K block."""
     backend_name = backend
-    s, z, ops = _block_setup(n_tokens, backend, device, dtype)
+    cp = mesh.size() if mesh is not None else 1
+    s, z, ops = (_emulated_block_setup(n_tokens, backend, mesh, device, dtype) if mesh is not None
+                 else _block_setup(n_tokens, backend, device, dtype))
     times: dict[str, list[float]] = {name: [] for name, _ in ops}
     cuda = device.type == "cuda"
     if cuda:
@@ -195,12 +227,14 @@ def profile_block(n_tokens: int, backend: str, warmup: int, repeats: int, device
                     times[name].append(_now_ms(device) - start_ms)
         table = _kernel_table(ops, s, z, kernel_rows_per_op) if kernel_rows_per_op and cuda else None
     op_ms = {name: round(statistics.median(t), 3) for name, t in times.items()}
-    flops = block_flops(n_tokens, PairformerSizes(**SIZES))
-    tflops = {name: _tflops(flops[OP_FLOPS[name]], ms) for name, ms in op_ms.items() if ms > 0}
+    flops = block_flops(n_tokens, PairformerSizes(**SIZES))  # a rank's share: 1/cp of it, ideally
+    tflops = {name: _tflops(flops[OP_FLOPS[name]] / cp, ms) for name, ms in op_ms.items() if ms > 0}
     block_ms = round(sum(op_ms.values()), 3)
-    return {"mode": "block", "kernels": backend_name, "N": n_tokens, "dtype": dtype, "device": str(device),
+    where = {"cp": cp, "mesh": list(mesh.shape) if mesh is not None else [1], "emulated": mesh is not None,
+             "z_local_shape": list(z.shape)}
+    return {"mode": "block", "kernels": backend_name, "N": n_tokens, "dtype": dtype, "device": str(device), **where,
             "op_ms": op_ms, "block_ms": block_ms, "op_tflops_per_s": tflops,
-            "block_tflops_per_s": _tflops(flops["block"], block_ms),
+            "block_tflops_per_s": _tflops(flops["block"] / cp, block_ms),
             "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if cuda else None,
             "compile_s": round(kernels.compile_seconds(), 1), "kernel_table": table}
 
@@ -352,6 +386,9 @@ def main() -> None:
     blk.add_argument("--kernels", nargs="+", default=["flex", "torch"])
     blk.add_argument("--warmup", type=int, default=2)
     blk.add_argument("--kernel-rows", type=int, default=0, help="profile one more block: K longest kernels per op")
+    blk.add_argument("--cp", type=int, default=1, help="rank 0 of an emulated cp=K block (fake process group)")
+    blk.add_argument("--grid", type=int, nargs=2, default=None, metavar=("CP0", "CP1"),
+                     help="with --cp: the 2d grid (cp0 x cp1 = cp); default 1d")
     pas = modes.add_parser("passes", parents=[common], help="one block's bytes per kernel under ncu, per backend")
     pas.add_argument("--kernels", nargs="+", default=["flex", "flex+triton"])
     pas.add_argument("--warmup", type=int, default=1)
@@ -376,8 +413,11 @@ def main() -> None:
         runs = [lambda backend=backend: profile_passes(args.n, backend, args.warmup, args.dtype, args.ncu)
                 for backend in args.kernels]
     elif args.mode == "block":
+        if args.grid is not None and args.grid[0] * args.grid[1] != args.cp:
+            p.error(f"--grid {args.grid[0]} {args.grid[1]}: cp0 x cp1 must be --cp={args.cp}")
+        mesh = emulated_mesh(device, args.cp, args.grid) if args.cp > 1 else None
         runs = [lambda backend=backend: profile_block(args.n, backend, args.warmup, args.repeats, device,
-                                                      args.dtype, args.kernel_rows) for backend in args.kernels]
+                                                      args.dtype, args.kernel_rows, mesh) for backend in args.kernels]
     else:
         runs = [lambda: profile_training(args.n, args.blocks, args.variant, args.repeats, args.lean, device,
                                          args.dtype, args.port)]
