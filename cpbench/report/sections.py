@@ -144,7 +144,7 @@ def results_section(rows: pd.DataFrame) -> str:
     if peaks:
         extra.append("stage peaks (GiB)")
     for context in ("model", HARDWARE, "dtype"):  # shown only when the rows differ in it (else: metadata)
-        if table[context].nunique() > 1:
+        if context in table and table[context].nunique() > 1:
             extra.insert(0, context)
     fmt = {"walltime (ms)": _num(2), "IQR (ms)": _num(2), "tokens/s": _num(0), "TFLOP/s/GPU": _sig(3),
            "MFU": _pct, "comm bytes/block": _bytes, "comm share": _pct, ENERGY_COLUMN: _num(1)}

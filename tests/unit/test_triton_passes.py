@@ -165,3 +165,10 @@ def test_the_tuning_script_runs_every_setting(tmp_path):
     bests = [r for r in rows if "best" in r]
     assert [r["kernel"] for r in bests] == ["swiglu_transition", "gated_output_bwd"]
     assert all(r["best"] and r["default_ms"] is not None for r in bests), bests
+
+
+def test_the_transition_steps_over_hidden_channels_by_a_power_of_two_that_divides_them():
+    from cpbench.models.pairformer.ops.triton_passes import hidden_step, swiglu_hidden_ok
+
+    assert [hidden_step(h, 128) for h in (512, 64, 96, 40)] == [128, 64, 32, None]
+    assert hidden_step(512, 64) == 64 and swiglu_hidden_ok(64) and not swiglu_hidden_ok(40)

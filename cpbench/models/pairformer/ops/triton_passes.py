@@ -221,9 +221,19 @@ TILES = {
 FP32_TILES = dict(BLOCK_M=32, num_stages=1)
 
 
+def hidden_step(hidden: int, block_h: int) -> int | None:
+    """The transition kernels' step over ``hidden`` channels: the largest power of two up to
+    ``block_h`` (their tuned step) that divides ``hidden``, at least 16 (``tl.dot``'s smallest);
+    None where there is none."""
+    step = block_h
+    while step >= 16 and hidden % step:
+        step //= 2
+    return step if step >= 16 else None
+
+
 def swiglu_hidden_ok(hidden: int) -> bool:
-    """Whether the transition kernel takes ``hidden`` channels (its steps must divide them)."""
-    return hidden % TILES["swiglu_transition"]["BLOCK_H"] == 0
+    """Whether the transition kernel takes ``hidden`` channels (a step of ``hidden_step`` divides them)."""
+    return hidden_step(hidden, TILES["swiglu_transition"]["BLOCK_H"]) is not None
 
 
 def norm_linear(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor | None, w: torch.Tensor) -> torch.Tensor:
@@ -310,6 +320,7 @@ def swiglu_transition(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w
     o3 = _as3(out)
     w_in, w_out = w_in.to(x.dtype), w_out.to(x.dtype)
     tiles = _launch("swiglu_transition", x)
+    tiles["BLOCK_H"] = hidden_step(hidden, tiles["BLOCK_H"])
     _swiglu_kernel[(_grid_rows(R * N, tiles["BLOCK_M"]),)](
         x3, *x3.stride(), ln_w, ln_b, w_in, *w_in.stride(), w_out, *w_out.stride(),
         o3, *o3.stride(), R * N, N, hidden, EPS, C=C, RESIDUAL=residual, PREC=_prec(x), **tiles)
