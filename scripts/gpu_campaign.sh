@@ -26,6 +26,8 @@
 # those lines only (Fold-CP installs as `boltz`, the stock Boltz-2's name). A tree without .git
 # names its commit in commit.txt, which goes into every result.json (CPBENCH_GIT_COMMIT).
 #
+# EXPECT_GPU=NAME runs nothing (exit 3, $OUT/refused.txt) unless the GPU's name contains NAME.
+#
 # Written to $OUT: each job's folder and log ($OUT/NAME.log), env.txt (GPU, driver, clocks,
 # torch/CUDA/NCCL), nvidia-smi before and after, commit.txt, and one archive of it all
 # ($OUT/all.tgz: a machine that hands back only a few files still returns every result).
@@ -37,6 +39,15 @@ BUDGET_S=${BUDGET_S:-590}
 START=$(date +%s)
 mkdir -p "$OUT"
 left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
+# EXPECT_GPU=H200: run nothing unless the first GPU's name contains it (a call for one GPU model can
+# land on another: an H200 probe on an H100 measures an H100 figure)
+if [ -n "${EXPECT_GPU:-}" ]; then
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  case "$gpu" in
+    *"$EXPECT_GPU"*) ;;
+    *) echo "EXPECT_GPU=$EXPECT_GPU: this machine's GPU is '${gpu:-none}': nothing run" | tee "$OUT/refused.txt"; exit 3;;
+  esac
+fi
 
 if ! python3 -c "import hydra, submitit" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
