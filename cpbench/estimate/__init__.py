@@ -57,7 +57,7 @@ import pandas as pd
 from cpbench.report.analysis import fitting_subset, latest_ok_timing, memory_points
 from cpbench.report.load import load_records
 from cpbench.report.memory_model import GPU_MEMORY_SIZES_GIB
-from cpbench.report.rows import ENERGY_COLUMN, HARDWARE, STAGE_PREFIX, probe_point_rows, result_rows
+from cpbench.report.rows import ENERGY_COLUMN, HARDWARE, STAGE_PREFIX, probe_point_rows, result_rows, short_gpu
 from cpbench.results.memory_fit import MemoryFit, fit_peak_memory
 
 # The committed results of a source checkout (editable install); absent from an installed package.
@@ -394,7 +394,7 @@ def table(answers: list[Answer], n: int, gpu_gib: float | None) -> str:
         if a.sampling_ms is not None and a.trunk_ms is not None and a.time_ms and a.time_ms.source != "measured":
             time += f"; trunk {a.trunk_ms.value:,.0f} + sampling {a.sampling_ms.value:,.0f}"
         energy = a.energy_j.text(",.1f") if a.energy_j else "—"
-        where = [str(a.hardware or "—").removeprefix("NVIDIA ")] if several else []
+        where = [short_gpu(a.hardware or "—")] if several else []
         cells = [a.model or "—", a.workflow or "—", a.config, *where, a.peak_gib.text(".2f")] + fits + [min_cp, time, energy]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -405,7 +405,7 @@ def models_text(answers: list[Answer]) -> str:
     out = []
     for a in answers:
         parts = [f"peak {a.memory_model}" if a.memory_model else "", f"time {a.time_model}" if a.time_model else ""]
-        where = f" / {str(a.hardware).removeprefix('NVIDIA ')}" if a.hardware else ""
+        where = f" / {short_gpu(a.hardware)}" if a.hardware else ""
         out.append(f"- {a.model} / {a.workflow} / {a.config}{where}: " + "; ".join(p for p in parts if p))
     return "\n".join(out)
 

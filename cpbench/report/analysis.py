@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from cpbench.report.rows import HARDWARE
+from cpbench.report.rows import HARDWARE, ensure_hardware
 from cpbench.results import INCOMPLETE
 from cpbench.results.memory_fit import MIN_LEAN_POINTS
 
@@ -143,7 +143,7 @@ def stock_baselines(rows: pd.DataFrame) -> dict[tuple[str, str], list[StockBasel
     if rows.empty or "stock" not in rows:
         return {}
     fits = rows[(rows["row"] == "max-fit") & rows["N_tokens"].notna() & rows["stock"].notna() & (rows["cp"] == 1)]
-    fits = fits.assign(**{HARDWARE: fits[HARDWARE].fillna("") if HARDWARE in fits else ""})
+    fits = ensure_hardware(fits)
     out: dict[tuple[str, str], list[StockBaseline]] = {}
     for (hardware, model, workflow), grp in fits.groupby([HARDWARE, "model", "workflow"], sort=True):
         best = best_fit(grp)

@@ -10,7 +10,15 @@ from pathlib import Path
 import pandas as pd
 
 from cpbench.report.analysis import TIMING_POINT, ok_timing
-from cpbench.report.rows import HARDWARE, day_of, ensure_hardware, several_hardware, with_hardware, without_training_path
+from cpbench.report.rows import (
+    HARDWARE,
+    day_of,
+    ensure_hardware,
+    several_hardware,
+    short_gpu,
+    with_hardware,
+    without_training_path,
+)
 
 PARITY_GLOB = "kernel_parity*.json"
 
@@ -78,6 +86,6 @@ def backends_section(rows: pd.DataFrame, parity: list[dict]) -> str:
             lines.append(f"| {p.get('backend')} | {p.get('what')} | {p.get('dtype')} | {p.get('N')} | {worst_out:.2e} | "
                          f"{'' if grad is None else f'{grad:.2e}'} | {p.get('worst_rel', float('nan')):.2e} "
                          f"({p.get('worst')}) | {p.get('tol')} | {'yes' if p.get('ok') else 'no'} | "
-                         f"{str(p.get('gpu') or 'CPU').removeprefix('NVIDIA ')} |")
+                         f"{short_gpu(p.get('gpu') or 'CPU')} |")
         parts.append("\n".join(lines))
     return "\n\n".join(parts)

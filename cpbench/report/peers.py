@@ -18,7 +18,7 @@ from __future__ import annotations
 import pandas as pd
 
 from cpbench.report.analysis import best_fit, is_lower_bound
-from cpbench.report.rows import HARDWARE, PAIR_TERM, STAGE_PREFIX, day_of
+from cpbench.report.rows import HARDWARE, PAIR_TERM, STAGE_PREFIX, day_of, short_gpu
 
 REFERENCE = "reference"
 PEERS = {"foldcp-": "Fold-CP"}  # model name prefix -> implementation
@@ -120,7 +120,7 @@ def peers_section(rows: pd.DataFrame) -> str:
     for config, same in table.groupby(CONFIG, dropna=False, sort=True):
         workflow, cp_config, dtype, device, hardware, sizes, klass = config
         sizes_note = f", {sizes}" if sizes else ""
-        where = str(hardware).removeprefix("NVIDIA ") if isinstance(hardware, str) and hardware else device
+        where = short_gpu(hardware) if isinstance(hardware, str) and hardware else device
         text += [f"**{workflow}, {cp_config}, {dtype} on {where}{sizes_note}, {klass} kernels**", "",
                  "| implementation | version | kernels | max N | z shards (N² term) | N | time (ms) | peak (GiB) | "
                  "× z shard | status | date |",

@@ -44,11 +44,16 @@ def hardware_of(rec: dict) -> str:
     return "CPU" if device == "cpu" else str(device)
 
 
+def short_gpu(hardware: object) -> str:
+    """A GPU model as tables name it: ``NVIDIA H100 80GB HBM3`` -> ``H100 80GB HBM3``."""
+    return str(hardware).removeprefix("NVIDIA ")
+
+
 def with_hardware(label: str, hardware: object, several: bool) -> str:
     """``label`` followed by ``on H100 80GB HBM3`` where a table holds ``several`` GPU models."""
     if not several or not isinstance(hardware, str) or not hardware:
         return label
-    return f"{label} on {hardware.removeprefix('NVIDIA ')}"
+    return f"{label} on {short_gpu(hardware)}"
 
 
 def ensure_hardware(frame: pd.DataFrame) -> pd.DataFrame:

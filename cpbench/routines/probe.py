@@ -89,7 +89,7 @@ class Probe:
         self.timed_out_n: list[int] = []
         self.visited: list[int] = []  # N this search asked about, in order (replayed or measured)
         self.prediction: Prediction | None = None
-        self.hardware = {k: v for k, v in env_metadata(point.device).items() if k in STATE_ENV_KEYS}
+        self.env = {k: v for k, v in env_metadata(point.device).items() if k in STATE_ENV_KEYS}
 
     # ------------------------------------------------------------ state
     def _load_state(self) -> dict:
@@ -116,7 +116,7 @@ class Probe:
             # what a report needs of a probe stopped before its result.json (results.incomplete_probe):
             # its point, the granularity it bisected to, the memory its peaks ran against (known
             # once the predict strategy asked), and what it ran on (NVML: no CUDA context here)
-            "point": self.point.record(), "granularity": self.settings.granularity, "env": self.hardware,
+            "point": self.point.record(), "granularity": self.settings.granularity, "env": self.env,
             "capacity": {"gib": p.capacity_gib, "source": p.capacity_source} if p and p.capacity_gib else None})
 
     def ordered_points(self) -> list[dict]:

@@ -7,16 +7,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:?set OUT}/callA
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD:$PWD/scripts PYTHONUNBUFFERED=1
-[ -f commit.txt ] && cp commit.txt "$OUT/"
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-} > "$OUT/env.txt" 2>&1
+source docs/benchmarks/planned/script_env.sh
 cat "$OUT/env.txt"
 run() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
   timeout "$limit" python3 "$@" > "$OUT/$name.log" 2>&1; echo "$name rc=$? $((SECONDS - t0)) s"; tail -3 "$OUT/$name.log"; }
-run parity 150 scripts/kernel_parity.py --n 256 --backends flex+triton flex+triton+tattn --out "$OUT/parity.json"
+run parity 150 scripts/kernel_parity.py --n 256 --backends flex+triton flex+triton+tattn --out "$OUT/kernel_parity.json"
 run tattn 150 scripts/flex_microbench.py --n 2048 --cases triton --out "$OUT/tattn.json"
 run tune 150 scripts/tune_triton_passes.py --n 2048 --out "$OUT/tune.json"

@@ -7,11 +7,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:?set OUT}/callS
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD:$PWD/scripts PYTHONUNBUFFERED=1
-[ -f commit.txt ] && cp commit.txt "$OUT/"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/env.txt" 2>&1
+source docs/benchmarks/planned/script_env.sh
 for cfg in "1" "2" "4" "4 --grid 2 2"; do
   name=cp${cfg// /_}; name=${name//--grid_/g}; t0=$SECONDS
   timeout 140 python3 scripts/profile_ops.py block --n 2048 --kernels flex+triton --kernel-rows 6 --cp $cfg \

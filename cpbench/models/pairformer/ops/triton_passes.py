@@ -201,14 +201,11 @@ def usable(t: torch.Tensor, channels: int) -> bool:
 
 
 # Launch settings per kernel in half precision: BLOCK_M rows of all C channels per program, the
-# output columns (BLOCK_N) or hidden channels (BLOCK_H) per step of its loop, Triton's warps and
-# pipeline stages. Chosen on a CPU (2026-12-05): first in Triton's interpreter, 4 warps and 3 stages
-# (Triton's defaults; the pass of docs/benchmarks/2026-12-05-h200-curve3 ran them); then 8 warps
-# for triangle_update and swiglu_transition, which spilled registers with 4 when compiled for sm_90
-# (scripts/triton_resources.py: 8 and 0-168 bytes per thread with Triton 3.6.0 and 3.9.0).
-# scripts/tune_triton_passes.py times the alternatives on a GPU.
-# measured on one H100 at N=2,048 (scripts/tune_triton_passes.py, 2026-12-05:
-# docs/benchmarks/2026-12-05-h100-triton/a/tune.json)
+# output columns (BLOCK_N) or hidden channels (BLOCK_H, the most: hidden_step) per step of its loop,
+# Triton's warps and pipeline stages. The fastest of scripts/tune_triton_passes.py's alternatives on
+# one H100 at N=2,048 (2026-12-05: docs/benchmarks/2026-12-05-h100-triton/a/tune.json). The settings
+# chosen before on a CPU (8 warps for triangle_update and swiglu_transition, which spilled a few
+# registers with 4 when compiled for sm_90: scripts/triton_resources.py) were slower there.
 TILES = {
     "norm_linear": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
     "triangle_operands": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1),
