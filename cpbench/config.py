@@ -135,6 +135,7 @@ class ProbeSettings:
     depth_check_n: int | None = None  # N of the depth check; None = the first point (start)
     strategy: str = "bisect"  # "bisect" (ramp, then bisect) | "predict" (fit cheap points, bisect a bracket)
     verify: bool = False      # re-run max_n and the first failing N after the search
+    floor: int | None = None  # an N expected to fit: tried first once the ramp's first point failed
 
 
 @dataclass(frozen=True)
@@ -608,6 +609,11 @@ def _probe_settings(probe: dict, device: str, unit: int, train: bool, model: dic
         check_n = round_up(_int("probe.depth_check_n", check_n, 1, "null or a positive integer (N)"), unit)
         if check_n > start:
             raise ConfigError("probe.depth_check_n", probe.get("depth_check_n"), f"null or an N <= probe.start ({start})")
+    floor = probe.get("floor")
+    if floor is not None:
+        floor = _int("probe.floor", floor, 1, "null or a positive integer (N)") // unit * unit
+        if not unit <= floor < start:
+            raise ConfigError("probe.floor", probe.get("floor"), f"null or an N below probe.start ({start})")
     return ProbeSettings(
         start=start, growth=float(growth), granularity=round_up(gran, unit),
         timeout_s=_positive_float("probe.timeout_s", probe.get("timeout_s"), "seconds > 0"),
@@ -615,7 +621,7 @@ def _probe_settings(probe: dict, device: str, unit: int, train: bool, model: dic
         budget_s=None if probe.get("budget_s") is None
         else _positive_float("probe.budget_s", probe.get("budget_s"), "null or seconds > 0"),
         depth_check_n=check_n, strategy=_probe_strategy(probe.get("strategy", "auto"), device),
-        verify=_probe_verify(probe.get("verify", "auto"), device),
+        verify=_probe_verify(probe.get("verify", "auto"), device), floor=floor,
     )
 
 

@@ -56,6 +56,8 @@ PROBE_FREE_KEYS = ("N", "N_atoms")
 # carry on under other values of these (a requeued job given a longer time limit, a probe split
 # over several runs on a machine lent for minutes at a time).
 PROBE_LIMIT_KEYS = ("budget_s", "max_points")
+# Where a probe looks after a failure, not what its points measure: saved points carry on too.
+PROBE_PATH_KEYS = ("floor",)
 
 
 @dataclass(frozen=True)
@@ -275,8 +277,9 @@ def _probe_signature_config(probe_cfg: DictConfig) -> dict:
 
 def probe_state_signature(signature_config_: dict) -> str:
     """The identity of a probe's saved points (``probe_state.json``): the point's signature
-    config without the probe's limits (``PROBE_LIMIT_KEYS``)."""
-    probe = {k: v for k, v in (signature_config_.get("probe") or {}).items() if k not in PROBE_LIMIT_KEYS}
+    config without the probe's limits (``PROBE_LIMIT_KEYS``) and ``probe.floor`` (``PROBE_PATH_KEYS``)."""
+    probe = {k: v for k, v in (signature_config_.get("probe") or {}).items()
+             if k not in PROBE_LIMIT_KEYS + PROBE_PATH_KEYS}
     return results.point_signature(signature_config_ | {"probe": probe})
 
 

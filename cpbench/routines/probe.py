@@ -15,6 +15,12 @@ out by twice the last step) and bisects inside; without a usable prediction it g
 adapter's irreducible memory: a peak that does not depend on how much memory is free, so the
 fit extrapolates); they are marked ``"lean": true`` and the report's memory model fits them.
 
+Floor (``probe.floor``): an N expected to fit, such as an earlier probe's max N. When a point
+fails and no N at or above the floor has fitted, the bisection measures the floor first instead
+of halving down towards the largest fitting N (near a 130 GiB limit, where a step takes minutes,
+a first point just over the limit would otherwise cost a dozen points). It is measured like any
+other point, never assumed.
+
 Verification (``probe.verify``): after the search, ``max_n`` and ``first_fail_n`` run once more;
 a point that fits once and fails once makes the probe's status ``unstable``.
 
@@ -240,6 +246,9 @@ class Probe:
 
     def _bisect(self) -> None:
         s, unit = self.settings, self.point.padding_unit
+        # probe.floor: an N expected to fit, tried before halving down from a failure near the limit
+        if s.floor is not None and (self.lo or 0) < s.floor < self.hi:
+            self._try(s.floor)
         while self.hi - (self.lo or 0) > s.granularity:
             low = self.lo or 0
             mid = (low + self.hi) // 2 // unit * unit

@@ -301,3 +301,39 @@ def test_a_fit_whose_n_squared_term_is_a_small_share_is_not_extrapolated():
     quadratic = [{"N": n, "fits": True, "peak_alloc_gib": [p], "peak_reserved_gib": [p]}
                  for n, p in ((1024, 1.77), (2048, 2.57), (4096, 5.68))]
     assert predict_max_n(quadratic, (135.9, "gpu_memory_gib"), cp=2, unit=2).predicted_max_n > 4096
+
+
+def test_a_floor_saves_the_halving_after_a_first_point_just_over_the_limit():
+    """probe.floor: the first point fails, the floor is measured next and the bracket is done;
+    without it the bisection halves down from the same failure."""
+    exact = true_max_n()
+    settings = dict(strategy="bisect", start=exact + 2, granularity=512)
+    with_floor, without = RuleRunner(), RuleRunner()
+    out = Probe(probe_point(floor=exact - 300, **settings), with_floor, None, "sig").run()
+    plain = Probe(probe_point(**settings), without, None, "sig").run()
+    assert with_floor.calls == [exact + 2, exact - 300]
+    assert (out["max_n"], out["first_fail_n"]) == (exact - 300, exact + 2) and out["lower_bound"] is None
+    assert plain["first_fail_n"] == exact + 2 and len(without.calls) > 3 and without.calls[1] < exact // 2 + 2
+
+
+def test_a_floor_that_fails_is_a_failure_like_any_other():
+    exact = true_max_n()
+    runner = RuleRunner()
+    out = Probe(probe_point(strategy="bisect", start=exact + 1000, granularity=128, floor=exact + 500), runner,
+                None, "sig").run()
+    assert runner.calls[:2] == [exact + 1000, exact + 500]
+    assert 0 <= exact - out["max_n"] < 128 and out["first_fail_n"] - out["max_n"] <= 128
+
+
+def test_a_floor_is_below_the_start_and_not_part_of_the_state_identity():
+    from cpbench.job import probe_state_signature
+
+    base = {"start": 1024, "granularity": 64, "growth": 2, "timeout_s": 60, "depth": "auto", "max_points": 32}
+    assert _probe_settings(base | {"floor": 999}, "cpu", 4, False, {}).floor == 996  # a multiple of the unit
+    assert _probe_settings(base, "cpu", 4, False, {}).floor is None
+    for floor in (1024, 2048, 0, "low"):
+        with pytest.raises(ConfigError, match="probe.floor"):
+            _probe_settings(base | {"floor": floor}, "cpu", 4, False, {})
+    config = {"cp": 2, "probe": {"start": 1024, "floor": None}}
+    assert probe_state_signature(config) == probe_state_signature(config | {"probe": {"start": 1024, "floor": 512}})
+    assert probe_state_signature(config) != probe_state_signature(config | {"probe": {"start": 2048, "floor": None}})
