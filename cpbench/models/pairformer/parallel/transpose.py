@@ -107,13 +107,15 @@ def transpose_tiles(t: torch.Tensor, grid: Grid, dim: int = 0) -> torch.Tensor:
     return _transpose_tiles(t, grid, dim)
 
 
-def _transpose_1d(z: torch.Tensor, layout: Layout) -> torch.Tensor:
-    """All-to-all that turns the row shard of Z into the row shard of Z^T (out of place).
+def _transpose_1d(z: torch.Tensor, layout: Layout, in_place: bool = False) -> torch.Tensor:
+    """All-to-all that turns the row shard of Z into the row shard of Z^T: a new tensor, or
+    ``z`` itself with ``in_place`` (``z`` contiguous: each channel chunk is packed into the send
+    buffer before its received blocks land in the same channels of ``z``).
 
     Channel-chunked so the send/receive buffers stay within the chunk budget.
     """
     p, n_local, c = layout.size, z.shape[0], z.shape[2]
-    out = torch.empty_like(z, memory_format=torch.contiguous_format)
+    out = z if in_place else torch.empty_like(z, memory_format=torch.contiguous_format)
     # out[j, s-block i, :] = Z[i in s, j mine]: block s of the result comes from rank s.
     out_blocks = out.view(n_local, p, n_local, c)
     per_channel_b = 2 * z.numel() * z.element_size() // c
@@ -150,9 +152,9 @@ def transpose_pair(z: torch.Tensor, layout: Layout) -> torch.Tensor:
         z: ``[N/P, N, c]`` rows of Z held by this rank.
     Returns:
         ``[N/P, N, c]`` rows of Z^T. Serial: a view (no copy). 1d: one all-to-all sending
-        ``(P-1)/P·|z|`` bytes; without autograd the result is written back into ``z``'s storage
-        (the caller's reference stays the only pair buffer); with autograd a new tensor whose
-        backward is the reverse all-to-all.
+        ``(P-1)/P·|z|`` bytes; without autograd the result is written into ``z``'s storage channel
+        chunk by channel chunk (the caller's reference stays the only pair buffer, and no second
+        one is allocated); with autograd a new tensor whose backward is the reverse all-to-all.
     """
     if not layout.sharded:
         return z.transpose(0, 1)
@@ -162,4 +164,6 @@ def transpose_pair(z: torch.Tensor, layout: Layout) -> torch.Tensor:
         return transpose_tiles_(z, layout)  # in place, in channel chunks
     if torch.is_grad_enabled():
         return _TransposePair.apply(z, layout)
-    return z.copy_(_transpose_1d(z, layout))
+    if not z.is_contiguous():
+        return z.copy_(_transpose_1d(z, layout))
+    return _transpose_1d(z, layout, in_place=True)
