@@ -41,22 +41,29 @@ def _ring_attention(q: torch.Tensor, kv: torch.Tensor, bias_t: torch.Tensor, key
         (A-side, along the grid row); bias_t: ``[R(k), C(j), h]`` grid-transposed bias
         (B-side, along the grid column); key_b: ``[N]`` key-mask bias.
     Returns:
-        ``o: [r, h, C, d]`` fp32 and ``lse: [r, h, C]`` fp32.
+        ``o: [r, h, C, d]`` fp32, stored token-major (``o.transpose(1, 2)`` is a contiguous
+        ``[r, C, h, d]``: the gated output's layout, no copy), and ``lse: [r, h, C]`` fp32.
     """
-    state = {"acc": q.new_zeros(q.shape, dtype=torch.float32),
-             "lse": q.new_full(q.shape[:-1], float("-inf"), dtype=torch.float32)}
+    r, h, c, d = q.shape
+    acc = q.new_empty((r, c, h, d), dtype=torch.float32).transpose(1, 2)  # [r, h, C, d]
+    state: dict = {"lse": None}
 
     def step(kv_tile, b_tile, pc, *_):
         bias = (b_tile[pc.kb].permute(2, 1, 0) + key_b[pc.k]).contiguous()  # [h, C, kk]
         o_p, lse_p = biased_attention_lse(q, kv_tile[0][:, :, pc.ka].contiguous(),
                                           kv_tile[1][:, :, pc.ka].contiguous(), bias)
+        if state["lse"] is None:  # the first piece is the running result as it is
+            acc.copy_(o_p)
+            state["lse"] = lse_p
+            return
+        # online softmax: rescale what is there, add the piece in place (no fp32 temporaries)
         lse = torch.logaddexp(state["lse"], lse_p)
-        state["acc"].mul_(torch.exp(state["lse"] - lse).unsqueeze(-1))
-        state["acc"].add_(o_p.float() * torch.exp(lse_p - lse).unsqueeze(-1))
+        acc.mul_(torch.exp(state["lse"] - lse).unsqueeze(-1))
+        acc.addcmul_(o_p, torch.exp(lse_p - lse).unsqueeze(-1))
         state["lse"] = lse
 
     walk.run(kv, bias_t, step)
-    return state["acc"], state["lse"]
+    return acc, state["lse"]
 
 
 class _RingAttention(torch.autograd.Function):

@@ -41,8 +41,9 @@ def _gathered_product_into(out: torch.Tensor, left: torch.Tensor, right: torch.T
     for js in chunking.slices(n_local, jc):
         gathered = left.new_empty((p, c, js.stop - js.start, n_pad))
         comm.gather_into(gathered, right[:, js].contiguous(), layout)
-        for r in range(p):  # one matmul per source rank: no copy of the gathered chunk
-            out_cols[:, :, r, js] = torch.matmul(left, gathered[r].transpose(1, 2))
+        for r in range(p):  # one matmul per source rank, written in place: no copy of the gathered
+            # chunk, none of the result (the strided [c, N/P, jc] view is a valid batched-GEMM output)
+            torch.matmul(left, gathered[r].transpose(1, 2), out=out_cols[:, :, r, js])
 
 
 class _GatheredProduct(torch.autograd.Function):
@@ -115,10 +116,12 @@ CANNON_OPERAND_COPIES = 7
 def _cannon_into(out: torch.Tensor, a: torch.Tensor, b_t: torch.Tensor, grid: Grid) -> None:
     """``out[c] = A[c] @ B[c]`` over the grid: ``a, b_t, out: [c, R, C]`` tiles; A's k is its
     column dim, B's k its row dim."""
-    out.zero_()
+    first = [True]
 
     def step(a_tile, b_tile, pc, *_):
-        out.baddbmm_(a_tile[:, :, pc.ka], b_tile[:, pc.kb, :])
+        # the first piece overwrites (beta=0 ignores out's contents, NaN included): no zero fill
+        out.baddbmm_(a_tile[:, :, pc.ka], b_tile[:, pc.kb, :], beta=0 if first[0] else 1)
+        first[0] = False
 
     RingWalk(grid, a.shape[1] * grid.cp0).run(a, b_t, step)
 
