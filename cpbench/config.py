@@ -135,7 +135,7 @@ class ProbeSettings:
     depth_check_n: int | None = None  # N of the depth check; None = the first point (start)
     strategy: str = "bisect"  # "bisect" (ramp, then bisect) | "predict" (fit cheap points, bisect a bracket)
     verify: bool = False      # re-run max_n and the first failing N after the search
-    floor: int | None = None  # an N expected to fit: tried first once the ramp's first point failed
+    floor: int | None = None  # an N expected to fit: measured before bisecting down from a failure above it
 
 
 @dataclass(frozen=True)

@@ -116,14 +116,13 @@ CANNON_OPERAND_COPIES = 7
 def _cannon_into(out: torch.Tensor, a: torch.Tensor, b_t: torch.Tensor, grid: Grid) -> None:
     """``out[c] = A[c] @ B[c]`` over the grid: ``a, b_t, out: [c, R, C]`` tiles; A's k is its
     column dim, B's k its row dim."""
-    first = [True]
+    walk = RingWalk(grid, a.shape[1] * grid.cp0)
 
     def step(a_tile, b_tile, pc, *_):
         # the first piece overwrites (beta=0 ignores out's contents, NaN included): no zero fill
-        out.baddbmm_(a_tile[:, :, pc.ka], b_tile[:, pc.kb, :], beta=0 if first[0] else 1)
-        first[0] = False
+        out.baddbmm_(a_tile[:, :, pc.ka], b_tile[:, pc.kb, :], beta=0 if pc is walk.pieces[0] else 1)
 
-    RingWalk(grid, a.shape[1] * grid.cp0).run(a, b_t, step)
+    walk.run(a, b_t, step)
 
 
 class _CannonProduct(torch.autograd.Function):

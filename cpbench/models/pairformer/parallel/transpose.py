@@ -153,8 +153,9 @@ def transpose_pair(z: torch.Tensor, layout: Layout) -> torch.Tensor:
     Returns:
         ``[N/P, N, c]`` rows of Z^T. Serial: a view (no copy). 1d: one all-to-all sending
         ``(P-1)/P·|z|`` bytes; without autograd the result is written into ``z``'s storage channel
-        chunk by channel chunk (the caller's reference stays the only pair buffer, and no second
-        one is allocated); with autograd a new tensor whose backward is the reverse all-to-all.
+        chunk by channel chunk (the caller's reference stays the only pair buffer: no shard-sized
+        result buffer, only the chunked send and receive buffers); with autograd a new tensor
+        whose backward is the reverse all-to-all.
     """
     if not layout.sharded:
         return z.transpose(0, 1)
