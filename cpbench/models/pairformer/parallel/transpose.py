@@ -126,11 +126,12 @@ def _transpose_1d(z: torch.Tensor, layout: Layout, in_place: bool = False) -> to
         recv = torch.empty_like(send)
         dist.all_to_all_single(recv, send, group=layout.group)
         comm.BYTES.add((p - 1) * send.numel() * send.element_size() / p, "all_to_all")
-        if comm.is_fake(layout.group):  # every peer sent what this rank sent (finite, same sizes)
-            recv.copy_(send)
-        del send
-        out_blocks[..., cs].copy_(recv.permute(2, 0, 1, 3))
-        del recv
+        # Emulated (fake group): every peer sent what this rank sent, so the blocks are unpacked
+        # from ``send``; ``recv`` is still allocated, as in a real run, but not filled: its fill
+        # would be a pass over the chunk that a real run's NCCL does (link time, not compute).
+        landed = send if comm.is_fake(layout.group) else recv
+        out_blocks[..., cs].copy_(landed.permute(2, 0, 1, 3))
+        del send, recv, landed
     return out
 
 
