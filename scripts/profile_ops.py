@@ -19,7 +19,9 @@ every op timed by a synchronized wall clock, median of ``--repeats`` blocks. Per
 ``op_ms``, ``block_ms``, analytic TFLOP/s per op and for the block
 (``cpbench.models.pairformer.flops``), ``peak_gib``, ``compile_s``; with ``--kernel-rows K`` one
 more block runs under torch.profiler and ``kernel_table`` gives, per op, its GPU time, that time
-by kernel kind and its K longest kernels.
+by kernel kind and its K longest kernels. With ``--copies`` one more block runs under a dispatch
+mode, and ``copy_table`` gives, per op, the bytes its copies, clones and fills write, in units of
+this rank's z (a transpose counts with the op it feeds; on any device).
 
 With ``--cp K`` (and ``--grid CP0 CP1`` for 2d) the block is rank 0's of an emulated cp=K trunk
 (``emulate=true``'s fake process group: collectives return at once, their packing and copies
@@ -71,6 +73,7 @@ import time
 import torch
 from one_gpu import TRUNK_ONLY, emulated_mesh, one_rank_mesh, trunk_setup
 from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from cpbench.models.pairformer.flops import PairformerSizes, block_flops
 from cpbench.models.pairformer.modules import block as block_module
@@ -171,6 +174,40 @@ def _kernel_table(ops: list, s: torch.Tensor, z: torch.Tensor, top: int) -> dict
     return table
 
 
+# The dispatcher ops that only move data: what ``--copies`` counts (their outputs' bytes).
+COPY_OPS = ("copy_", "clone", "cat", "fill_", "zero_", "contiguous", "_to_copy", "index_put_", "slice_scatter")
+
+
+class _CopyTally(TorchDispatchMode):
+    """Bytes written by data-moving ops (``COPY_OPS``), per op name, while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        first = out[0] if isinstance(out, (list, tuple)) and out else out
+        if name in COPY_OPS and torch.is_tensor(first):
+            self.bytes[name] = self.bytes.get(name, 0) + first.numel() * first.element_size()
+        return out
+
+
+def _copy_table(ops: list, s: torch.Tensor, z: torch.Tensor) -> dict[str, dict]:
+    """One more block under ``_CopyTally``: per op, the bytes its copies, clones and fills write, in
+    units of this rank's z (``z_shards``), by dispatcher op. Transposes count with the op they feed."""
+    z_bytes = z.numel() * z.element_size()
+    table = {}
+    for name, op in ops:
+        with _CopyTally() as tally:
+            s, z = op(s, z)
+        table[name] = {"z_shards": round(sum(tally.bytes.values()) / z_bytes, 2),
+                       "by_op": {k: round(v / z_bytes, 2) for k, v in sorted(tally.bytes.items())}}
+    table["block"] = {"z_shards": round(sum(v["z_shards"] for v in table.values()), 2)}
+    return table
+
+
 def _block_setup(n_tokens: int, backend: str, device: torch.device, dtype: str) -> tuple:
     """``(s, z, ops)`` of one block at ``n_tokens`` under ``backend`` (a label: ``flex+triton`` is
     ``flex`` with ``model.passes=triton``, ``+tattn`` adds ``model.attention=triton``;
@@ -206,7 +243,7 @@ def _emulated_block_setup(n_tokens: int, backend: str, mesh, device: torch.devic
 
 
 def profile_block(n_tokens: int, backend: str, warmup: int, repeats: int, device: torch.device,
-                  dtype: str = "bf16", kernel_rows_per_op: int = 0, mesh=None) -> dict:
+                  dtype: str = "bf16", kernel_rows_per_op: int = 0, mesh=None, copies: bool = False) -> dict:
     """Median ms per op of one block at ``n_tokens`` under ``backend`` (module docstring: ``block``;
     ``flex+triton``: ``flex`` with ``model.passes=triton``); with ``mesh`` (``--cp``), rank 0's
     ops of an emulated cp=K block."""
@@ -226,6 +263,7 @@ def profile_block(n_tokens: int, backend: str, warmup: int, repeats: int, device
                 if rep >= warmup:
                     times[name].append(_now_ms(device) - start_ms)
         table = _kernel_table(ops, s, z, kernel_rows_per_op) if kernel_rows_per_op and cuda else None
+        copy_table = _copy_table(ops, s, z) if copies else None
     op_ms = {name: round(statistics.median(t), 3) for name, t in times.items()}
     flops = block_flops(n_tokens, PairformerSizes(**SIZES))  # a rank's share: 1/cp of it, ideally
     tflops = {name: _tflops(flops[OP_FLOPS[name]] / cp, ms) for name, ms in op_ms.items() if ms > 0}
@@ -236,7 +274,7 @@ def profile_block(n_tokens: int, backend: str, warmup: int, repeats: int, device
             "op_ms": op_ms, "block_ms": block_ms, "op_tflops_per_s": tflops,
             "block_tflops_per_s": _tflops(flops["block"] / cp, block_ms),
             "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if cuda else None,
-            "compile_s": round(kernels.compile_seconds(), 1), "kernel_table": table}
+            "compile_s": round(kernels.compile_seconds(), 1), "kernel_table": table, "copy_table": copy_table}
 
 
 # ---------------------------------------------------------------- passes: bytes per kernel (ncu)
@@ -389,6 +427,8 @@ def main() -> None:
     blk.add_argument("--cp", type=int, default=1, help="rank 0 of an emulated cp=K block (fake process group)")
     blk.add_argument("--grid", type=int, nargs=2, default=None, metavar=("CP0", "CP1"),
                      help="with --cp: the 2d grid (cp0 x cp1 = cp); default 1d")
+    blk.add_argument("--copies", action="store_true",
+                     help="one more block: per op, the bytes its copies, clones and fills write, in z-shards")
     pas = modes.add_parser("passes", parents=[common], help="one block's bytes per kernel under ncu, per backend")
     pas.add_argument("--kernels", nargs="+", default=["flex", "flex+triton"])
     pas.add_argument("--warmup", type=int, default=1)
@@ -417,7 +457,8 @@ def main() -> None:
             p.error(f"--grid {args.grid[0]} {args.grid[1]}: cp0 x cp1 must be --cp={args.cp}")
         mesh = emulated_mesh(device, args.cp, args.grid) if args.cp > 1 else None
         runs = [lambda backend=backend: profile_block(args.n, backend, args.warmup, args.repeats, device,
-                                                      args.dtype, args.kernel_rows, mesh) for backend in args.kernels]
+                                                      args.dtype, args.kernel_rows, mesh, args.copies)
+                for backend in args.kernels]
     else:
         runs = [lambda: profile_training(args.n, args.blocks, args.variant, args.repeats, args.lean, device,
                                          args.dtype, args.port)]

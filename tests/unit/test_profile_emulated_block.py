@@ -33,6 +33,24 @@ def test_an_emulated_block_runs_on_this_ranks_shard(tmp_path, cp, grid, local):
     assert list(row["op_ms"]) == OPS and all(ms > 0 for ms in row["op_ms"].values())
 
 
+def test_the_copy_tally_counts_a_1d_transpose_as_one_pack_and_one_unpack(tmp_path):
+    """``--copies``: the transpose back to Z rows (counted with the pair transition, which copies
+    nothing itself) writes this rank's z twice, packing the send buffer and unpacking what landed;
+    under emulation nothing fills the receive buffer (that pass is the link's, not the rank's)."""
+    out = tmp_path / "block.json"
+    cmd = [sys.executable, str(ROOT / "scripts" / "profile_ops.py"), "block", "--device", "cpu", "--dtype", "fp32",
+           "--n", "64", "--kernels", "torch", "--repeats", "1", "--warmup", "0", "--cp", "2", "--copies",
+           "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'scripts'}"}
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (row,) = json.loads(out.read_text())
+    table = row["copy_table"]
+    assert list(table) == OPS + ["block"]
+    assert table["pair_transition"]["z_shards"] == pytest.approx(2.0, abs=0.01)
+    assert table["block"]["z_shards"] == pytest.approx(sum(table[op]["z_shards"] for op in OPS), abs=0.05)
+
+
 def test_a_grid_that_is_not_the_cp_size_is_one_line(tmp_path):
     cmd = [sys.executable, str(ROOT / "scripts" / "profile_ops.py"), "block", "--device", "cpu", "--cp", "4",
            "--grid", "2", "4"]
