@@ -12,7 +12,7 @@ source docs/benchmarks/planned/script_env.sh
 IFS=';' read -ra configs <<< "${S_CONFIGS:-1;2;4;4 --grid 2 2}"
 for cfg in "${configs[@]}"; do
   name=cp${cfg// /_}; name=${name//--grid_/g}; t0=$SECONDS
-  timeout 140 python3 scripts/profile_ops.py block --n 2048 --kernels flex+triton --kernel-rows 6 --copies --cp $cfg \
+  timeout 140 python3 scripts/profile_ops.py block --n 2048 --kernels flex+triton --kernel-rows 6 --cp $cfg \
     --out "$OUT/block_$name.json" > "$OUT/block_$name.log" 2>&1
   echo "$name rc=$? $((SECONDS - t0)) s"; tail -c 400 "$OUT/block_$name.log"; echo
 done

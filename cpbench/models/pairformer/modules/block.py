@@ -67,6 +67,24 @@ def under_budget(budget_b: int) -> Iterator[None]:
         yield
 
 
+def pair_updates(ops: nn.Module, z: torch.Tensor, token_mask: torch.Tensor, layout: Layout,
+                 run: Callable[..., Any]) -> torch.Tensor:
+    """The pair updates of a Pairformer block in AF3's order, on ``ops``'s ``tri_mul_out``,
+    ``tri_mul_in``, ``tri_att_start``, ``tri_att_end`` and ``pair_transition`` (a block's, or an
+    MSA block's); ``z: [N/P, N, c_z]`` rows of Z in and out. ``z`` is rebound to each transpose's
+    result before the next op runs, so that no op runs while the pre-transpose shard is still
+    referenced here (``transpose_pair``'s result may be a new buffer)."""
+    z = run(ops.tri_mul_out, z, token_mask, layout)
+    z = transpose_pair(z, layout)  # Z^T rows
+    z = run(ops.tri_mul_in, z, token_mask, layout)
+    z = transpose_pair(z, layout)  # Z rows
+    z = run(ops.tri_att_start, z, token_mask, layout)
+    z = transpose_pair(z, layout)  # Z^T rows
+    z = run(ops.tri_att_end, z, token_mask, layout)
+    z = run(ops.pair_transition, z)
+    return transpose_pair(z, layout)  # back to Z rows
+
+
 def run_block(block: nn.Module, *args, checkpointing: bool = False) -> Any:
     """``block(*args)``; with ``checkpointing`` and autograd on, checkpointed with its ops
     checkpointed inside (``checkpoint_ops=True``), so training keeps only the block's inputs.
@@ -97,11 +115,7 @@ class PairformerBlock(nn.Module):
         checkpointed block holds one op's activations at a time, not the whole block's."""
         run = op_runner(z, layout, checkpoint_ops)
         with agreed_chunks(z, layout):
-            z = run(self.tri_mul_out, z, token_mask, layout)
-            z = run(self.tri_mul_in, transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
-            z = run(self.tri_att_start, transpose_pair(z, layout), token_mask, layout)  # on Z rows
-            z = run(self.tri_att_end, transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
-            z = transpose_pair(run(self.pair_transition, z), layout)  # back to Z rows
+            z = pair_updates(self, z, token_mask, layout, run)
             s = run(self.attention, s, z, token_mask, layout)
             s = run(self.single_transition, s)
         return s, z

@@ -36,9 +36,8 @@ from cpbench.models.pairformer.layers.msa_ops import OuterProductMean, PairWeigh
 from cpbench.models.pairformer.layers.transition import Transition
 from cpbench.models.pairformer.layers.triatt import TriangleAttention
 from cpbench.models.pairformer.layers.trimul import TriangleMultiplication
-from cpbench.models.pairformer.modules.block import agreed_chunks, op_runner, run_block
+from cpbench.models.pairformer.modules.block import agreed_chunks, op_runner, pair_updates, run_block
 from cpbench.models.pairformer.parallel.layout import Layout
-from cpbench.models.pairformer.parallel.transpose import transpose_pair
 
 N_MSA_FEATS = NUM_RESTYPES + 2  # one-hot residue class, has_deletion, deletion_value
 
@@ -73,12 +72,7 @@ class MsaBlock(nn.Module):
             if self.msa_updates:
                 m = run(self.pair_weighted_averaging, m, z, token_mask, layout)
                 m = run(self.msa_transition, m)
-            # The pair updates of a Pairformer block, in AF3's order (block.py has the same sequence).
-            z = run(self.tri_mul_out, z, token_mask, layout)
-            z = run(self.tri_mul_in, transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
-            z = run(self.tri_att_start, transpose_pair(z, layout), token_mask, layout)  # on Z rows
-            z = run(self.tri_att_end, transpose_pair(z, layout), token_mask, layout)  # on Z^T rows
-            z = transpose_pair(run(self.pair_transition, z), layout)  # back to Z rows
+            z = pair_updates(self, z, token_mask, layout, run)  # a Pairformer block's, in AF3's order
         return m, z
 
 

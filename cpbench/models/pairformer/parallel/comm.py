@@ -92,11 +92,13 @@ def _nbytes(t: torch.Tensor) -> int:
 def gather_into(out: torch.Tensor, x: torch.Tensor, layout: Layout) -> torch.Tensor:
     """Raw all-gather along dim 0: ``out: [P*n, ...]`` (or ``[P, n, ...]``) <- every rank's
     ``x: [n, ...]``."""
-    _all_gather(out.view(-1, *x.shape[1:]), x.contiguous(), group=layout.group)
+    x = x.contiguous()
+    _all_gather(out.view(-1, *x.shape[1:]), x, group=layout.group)
     BYTES.add((layout.size - 1) * _nbytes(x), "all_gather")
     if is_fake(layout.group):  # every peer's rows: this rank's, as if all held the same
         staged = _gloo_staging(out)
-        out.view(layout.size, *x.shape).copy_(x.unsqueeze(0).expand(layout.size, *x.shape))
+        for block in out.view(layout.size, *x.shape):  # one contiguous copy each (a broadcast copy is slower)
+            block.copy_(x)
         del staged
     return out
 

@@ -107,19 +107,21 @@ def transpose_tiles(t: torch.Tensor, grid: Grid, dim: int = 0) -> torch.Tensor:
     return _transpose_tiles(t, grid, dim)
 
 
-def _transpose_1d(z: torch.Tensor, layout: Layout, in_place: bool = False) -> torch.Tensor:
-    """All-to-all that turns the row shard of Z into the row shard of Z^T: a new tensor, or
-    ``z`` itself with ``in_place`` (``z`` contiguous: each channel chunk is packed into the send
+def _transpose_1d(z: torch.Tensor, layout: Layout, in_place: bool = False, chunk_c: int | None = None) -> torch.Tensor:
+    """All-to-all that turns the row shard of Z into the row shard of Z^T: a new contiguous tensor,
+    or ``z`` itself with ``in_place`` (``z`` contiguous: each channel chunk is packed into the send
     buffer before its received blocks land in the same channels of ``z``).
 
-    Channel-chunked so the send/receive buffers stay within the chunk budget.
+    Channel-chunked so the send/receive buffers stay within the chunk budget (``chunk_c``: the
+    channels per chunk, already agreed over the ranks; by default from the budget for two buffers).
     """
     p, n_local, c = layout.size, z.shape[0], z.shape[2]
     out = z if in_place else torch.empty_like(z, memory_format=torch.contiguous_format)
     # out[j, s-block i, :] = Z[i in s, j mine]: block s of the result comes from rank s.
     out_blocks = out.view(n_local, p, n_local, c)
-    per_channel_b = 2 * z.numel() * z.element_size() // c
-    chunk_c = comm.agree_min(chunking.divisor_chunk(c, per_channel_b, chunking.budget_bytes(z)), layout, z)
+    if chunk_c is None:
+        per_channel_b = 2 * z.numel() * z.element_size() // c
+        chunk_c = comm.agree_min(chunking.divisor_chunk(c, per_channel_b, chunking.budget_bytes(z)), layout, z)
     for cs in chunking.slices(c, chunk_c):
         # send[s] = my rows, the columns of rank s: [P, n_local(i), n_local(j), chunk]
         send = z[..., cs].reshape(n_local, p, n_local, cs.stop - cs.start).permute(1, 0, 2, 3).contiguous()
@@ -133,6 +135,71 @@ def _transpose_1d(z: torch.Tensor, layout: Layout, in_place: bool = False) -> to
         out_blocks[..., cs].copy_(landed.permute(2, 0, 1, 3))
         del send, recv, landed
     return out
+
+
+def _landed_storage(z: torch.Tensor, p: int) -> torch.Tensor | None:
+    """``[P, n, n, c]`` storage of ``z: [n, N, c]`` when ``z`` is the view ``_transpose_1d_whole``
+    returns from row-major input (``z.transpose(0, 1)`` contiguous), else None. Its block ``t``,
+    ``storage[t, b, a] = z[a, t·n + b]``, is what rank ``t`` needs, contiguous."""
+    n, c = z.shape[0], z.shape[2]
+    if z.is_contiguous() or not z.transpose(0, 1).is_contiguous():
+        return None
+    return z.transpose(0, 1).view(p, n, n, c)
+
+
+def _transpose_1d_whole(z: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """No autograd, one all-to-all of the whole shard and one copy, for ``z: [n, N, c]`` either
+    row-major or the view this function returns (all ranks hold the same layout: they run the same
+    ops); the one shard-sized transient is a send or receive buffer.
+
+    * Row-major ``z``: its blocks are packed ``[P, n(a), n(b), c]`` (a block permutation: runs of
+      ``n·c`` contiguous elements) and the received blocks land in ``z``'s own storage; the result
+      is the view ``landed.view(N, n, c).transpose(0, 1)`` of it, no unpacking.
+    * ``z`` such a view: its storage holds each peer's block already transposed and contiguous
+      (``_landed_storage``), so it is sent as it is, and the received blocks are unpacked (a block
+      permutation again) into that storage, row-major.
+
+    Two transposes in a row thus copy the shard twice, each copy a block permutation; the
+    chunked path (``_transpose_1d``) copies it four times, two of them element transposes.
+    Emulated (fake group) nothing lands: row-major, ``z``'s storage keeps this rank's own values;
+    from the view, the blocks are unpacked from what this rank sent into the receive buffer,
+    which is then the result (same size; ``z``'s storage is freed when the caller drops ``z``).
+    """
+    p, n, c = layout.size, z.shape[0], z.shape[2]
+    sent_b = (p - 1) * z.numel() * z.element_size() / p
+    storage = _landed_storage(z, p)
+    if storage is None:  # row-major
+        send = z.view(n, p, n, c).permute(1, 0, 2, 3).contiguous()  # [P, n(a), n(b), c]
+        landed = z.view(p, n, n, c)  # landed[s, a, b] = Z_s[a, me·n + b]
+        dist.all_to_all_single(landed, send, group=layout.group)
+        comm.BYTES.add(sent_b, "all_to_all")
+        del send
+        return landed.view(p * n, n, c).transpose(0, 1)  # [n(b), N(s·n + a), c]
+    recv = torch.empty_like(storage)  # recv[s, b, a] = Z_s[a, me·n + b]
+    dist.all_to_all_single(recv, storage, group=layout.group)
+    comm.BYTES.add(sent_b, "all_to_all")
+    if comm.is_fake(layout.group):
+        out = recv.view(n, p, n, c)
+        out.copy_(storage.permute(1, 0, 2, 3))
+    else:
+        out = storage.view(n, p, n, c)
+        out.copy_(recv.permute(1, 0, 2, 3))
+    return out.view(n, p * n, c)
+
+
+def _transpose_1d_no_grad(z: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """Without autograd: the whole shard at once (``_transpose_1d_whole``) when the budget holds
+    one shard-sized buffer and ``z`` is row-major or that function's view; else in place in
+    channel chunks of two buffers within the budget (``_transpose_1d``). One agreement decides."""
+    p, c = layout.size, z.shape[2]
+    per_channel_b = z.numel() * z.element_size() // c
+    chunk_c = comm.agree_min(chunking.divisor_chunk(c, per_channel_b, chunking.budget_bytes(z)), layout, z)
+    if chunk_c == c and (z.is_contiguous() or _landed_storage(z, p) is not None):
+        return _transpose_1d_whole(z, layout)
+    half = max(d for d in range(1, max(chunk_c // 2, 1) + 1) if c % d == 0)  # two buffers
+    if not z.is_contiguous():
+        return z.copy_(_transpose_1d(z, layout, chunk_c=half))
+    return _transpose_1d(z, layout, in_place=True, chunk_c=half)
 
 
 class _TransposePair(torch.autograd.Function):
@@ -153,10 +220,14 @@ def transpose_pair(z: torch.Tensor, layout: Layout) -> torch.Tensor:
         z: ``[N/P, N, c]`` rows of Z held by this rank.
     Returns:
         ``[N/P, N, c]`` rows of Z^T. Serial: a view (no copy). 1d: one all-to-all sending
-        ``(P-1)/P·|z|`` bytes; without autograd the result is written into ``z``'s storage channel
-        chunk by channel chunk (the caller's reference stays the only pair buffer: no shard-sized
-        result buffer, only the chunked send and receive buffers); with autograd a new tensor
-        whose backward is the reverse all-to-all.
+        ``(P-1)/P·|z|`` bytes. Without autograd the result lives in ``z``'s storage: where the
+        budget holds one more shard, as a whole-shard exchange whose result may be a strided view
+        (``_transpose_1d_whole``: the serial layout's ``z.transpose(0, 1)`` has the same
+        strides, so every op takes it); else written channel chunk by channel chunk (the only
+        shard-sized buffers are the chunked send and receive buffers). Callers rebind ``z`` to
+        the result before the next op (``z = transpose_pair(z, layout)``): emulated, the whole
+        exchange's result from a strided view is the receive buffer instead. With autograd a new
+        tensor whose backward is the reverse all-to-all.
     """
     if not layout.sharded:
         return z.transpose(0, 1)
@@ -166,6 +237,4 @@ def transpose_pair(z: torch.Tensor, layout: Layout) -> torch.Tensor:
         return transpose_tiles_(z, layout)  # in place, in channel chunks
     if torch.is_grad_enabled():
         return _TransposePair.apply(z, layout)
-    if not z.is_contiguous():
-        return z.copy_(_transpose_1d(z, layout))
-    return _transpose_1d(z, layout, in_place=True)
+    return _transpose_1d_no_grad(z, layout)
