@@ -21,7 +21,8 @@ every op timed by a synchronized wall clock, median of ``--repeats`` blocks. Per
 more block runs under torch.profiler and ``kernel_table`` gives, per op, its GPU time, that time
 by kernel kind and its K longest kernels. With ``--copies`` one more block runs under a dispatch
 mode, and ``copy_table`` gives, per op, the bytes its copies, clones and fills write, in units of
-this rank's z (a transpose counts with the op it feeds; on any device).
+this rank's z (a transpose counts with the op it feeds; ``--kernels torch`` only: the compiled
+regions of ``flex`` do not run under a dispatch mode).
 
 With ``--cp K`` (and ``--grid CP0 CP1`` for 2d) the block is rank 0's of an emulated cp=K trunk
 (``emulate=true``'s fake process group: collectives return at once, their packing and copies
@@ -453,6 +454,8 @@ def main() -> None:
         runs = [lambda backend=backend: profile_passes(args.n, backend, args.warmup, args.dtype, args.ncu)
                 for backend in args.kernels]
     elif args.mode == "block":
+        if args.copies and set(args.kernels) != {"torch"}:
+            p.error("--copies: with --kernels torch only (compiled regions do not run under its dispatch mode)")
         if args.grid is not None and args.grid[0] * args.grid[1] != args.cp:
             p.error(f"--grid {args.grid[0]} {args.grid[1]}: cp0 x cp1 must be --cp={args.cp}")
         mesh = emulated_mesh(device, args.cp, args.grid) if args.cp > 1 else None

@@ -110,7 +110,9 @@ def _note(row, reason: str | None) -> str:
     """What bounds the figure: the out-of-memory above it, or why it is only a lower bound."""
     timeout_n, fail_n = _int_or_none(row.get("timeout_n")), _int_or_none(row.get("first_fail_n"))
     if reason is None:
-        return f"OOM at {fail_n:,}" if fail_n else ""
+        missing = row.get("not_rerun")  # ends of the bracket probe.verify did not re-run
+        rerun = f"; not re-run: {missing}" if isinstance(missing, str) and missing else ""
+        return f"OOM at {fail_n:,}{rerun}" if fail_n else ""
     if reason == "coarse":
         return f"OOM at {fail_n:,}: a coarse bracket ({fail_n - int(row['N_tokens']):,} tokens)"
     if reason == "timeout":

@@ -284,7 +284,7 @@ def _probe_fields(rec: dict, point: dict, config: dict) -> dict[str, Any]:
         "walltime (ms)": None, "first_fail_n": rec.get("first_fail_n"),
         "first_fail_status": rec.get("first_fail_status"), "depth": rec.get("depth"),
         "points_tried": len(rec.get("points") or []),
-        "lower_bound": lower_bound_reason(rec), "timeout_n": timed_out_at(rec),
+        "lower_bound": lower_bound_reason(rec), "timeout_n": timed_out_at(rec), "not_rerun": not_rerun(rec),
         "strategy": rec.get("strategy"), "predicted_max_n": rec.get("predicted_max_n"),
         PAIR_TERM: pair_term_gib(rec, point),
         # which stage set the max N: the stage peaks of the point at max N, where recorded
@@ -304,6 +304,17 @@ def pair_term_gib(rec: dict, point: dict) -> float | None:
         return None
     a = fit_peak_memory(ns, peaks, cp=int(point.get("cp") or 1)).a
     return a if a > 0 else None
+
+
+def not_rerun(rec: dict) -> str | None:
+    """The ends of a probe's bracket that ``probe.verify`` did not re-run (its time budget or the
+    job ran out first), as ``"3,584 and 3,840"``; None when both were re-run, or verification was
+    off or had nothing to re-run."""
+    verify, max_n, fail_n = rec.get("verify"), rec.get("max_n"), rec.get("first_fail_n")
+    if not isinstance(verify, dict) or not verify.get("skipped") or not (max_n and fail_n):
+        return None
+    missing = [f"{n:,}" for key, n in (("max_n", max_n), ("above", fail_n)) if not verify.get(key)]
+    return " and ".join(missing) or None
 
 
 def timed_out_at(rec: dict) -> int | None:

@@ -187,7 +187,7 @@ def test_a_probe_stopped_early_reads_as_a_lower_bound_from_its_state(probe_sweep
 def test_a_probe_stopped_during_its_re_runs_keeps_its_finished_bracket(probe_sweep, tmp_path):
     """Stopped after the bisection ended (max N, then an out-of-memory within probe.granularity)
     but before the re-runs of the bracket's ends (probe.verify) finished: the bracket is the
-    answer (no "≥"); a re-run that disagreed makes it unstable."""
+    answer (no "≥"; the Headline names the end not re-run); a re-run that disagreed makes it unstable."""
     from cpbench.results import incomplete_probe
 
     path, probe = next((p, r) for p, r in iter_results(probe_sweep / "sweep") if r["routine"] == "probe")
@@ -203,8 +203,9 @@ def test_a_probe_stopped_during_its_re_runs_keeps_its_finished_bracket(probe_swe
     assert rec["status"] == "ok" and (rec["max_n"], rec["first_fail_n"]) == (probe["max_n"], probe["first_fail_n"])
     assert rec["verify"]["max_n"] == again and str(probe["first_fail_n"]) in rec["verify"]["skipped"]
     text = build_report(tmp_path / "results")["markdown"].read_text()
-    assert f"max N {probe['max_n']:,} (OOM at {probe['first_fail_n']:,})" in text or \
-        f"| {probe['max_n']:,} | — | OOM at {probe['first_fail_n']:,} |" in text, text
+    # the bracket, with the end that was not re-run named
+    assert f"| {probe['max_n']:,} | — | OOM at {probe['first_fail_n']:,}; not re-run: {probe['first_fail_n']:,} |" \
+        in text, text
     assert f"≥ {probe['max_n']:,}" not in text
     assert state["granularity"] == 128  # the probe saved what it bisected to
     state["verify"] = {"max_n": {**again, "fits": False, "status": "oom"}}

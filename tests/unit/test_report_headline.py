@@ -146,3 +146,25 @@ def test_a_verified_max_n_wins_over_an_older_lower_bound_of_the_same_n(tmp_path)
         text = build_report(root)["markdown"].read_text()
         assert "| m | training | 1d cp=1 | 2,560 | — | OOM at 2,816 |" in section(text, "Headline")
         assert "2,560 at cp=1" in section(text, "Readout") and "≥ 2,560" not in section(text, "Readout")
+
+
+def test_a_bracket_whose_ends_were_not_re_run_says_which(tmp_path):
+    """``probe.verify`` stopped by the probe's time budget: the bracket (a fit, an out-of-memory one
+    granularity above) stands, and the Headline names the ends that were not re-run; a verified
+    probe's note is the bracket alone."""
+    verified = {"max_n": {"N": 16384, "fits": True}, "above": {"N": 16512, "fits": False, "status": "oom"}}
+    records = RECORDS | {
+        "sampling_cp2": probe_record("inference", 2, 16384, 16512, "oom", sampling=True, verify=verified),
+        "trunk_cp1": probe_record("inference", 1, 12288, 12416, "oom",
+                                  verify={"max_n": None, "above": None, "skipped": "stopped at probe.budget_s=420"}),
+        "sampling_cp1": probe_record("inference", 1, 10240, 10368, "oom", sampling=True,
+                                     verify={"max_n": {"N": 10240, "fits": True},
+                                             "skipped": "the job stopped before re-running N=10368"}),
+    }
+    for name, record in records.items():
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / "result.json").write_text(json.dumps({"schema": SCHEMA_VERSION, **record}))
+    headline = section(build_report(tmp_path)["markdown"].read_text(), "Headline")
+    assert "| m | inference | 1d cp=1 | 12,288 | — | OOM at 12,416; not re-run: 12,288 and 12,416 |" in headline, headline
+    assert "| m | inference+sampling | 1d cp=1 | 10,240 | — | OOM at 10,368; not re-run: 10,368 |" in headline, headline
+    assert "| m | inference+sampling | 1d cp=2 | 16,384 | 1.60× cp=1 | OOM at 16,512 |" in headline, headline
