@@ -10,8 +10,9 @@ is a cpbench point (no harness, no ``result.json``): they say where a point's ti
 ``block`` (inference): one boltz2-sized Pairformer block (c_s 384, c_z 128, 4 triangle heads of
 32, 16 single heads, transitions x4) at ``--n`` tokens, run as the trunk runs it (serial layout,
 no autograd, each op on the pair the block hands it, transposes included, under the block's
-agreed chunk budget as the trunk runs it: ``agreed_chunks``; outside it every op took the
-near-limit path, e.g. the single attention's eager LayerNorm, until 2026-12-05), under each backend
+agreed chunk budget as the trunk runs it: ``agreed_chunks``, agreed once a block, by its first op;
+outside it every op took the near-limit path, e.g. the single attention's eager LayerNorm, until
+2026-12-05, and until the next day each op of a sharded block made the agreement), under each backend
 of ``--kernels`` in turn (``flex+triton``: ``flex`` with ``model.passes=triton``, the Triton passes
 over z of ``ops/triton_passes.py``; ``flex+triton+tattn`` also ``model.attention=triton``).
 ``--warmup`` untimed blocks (the ``flex`` regions compile there), then
@@ -78,7 +79,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from cpbench.models.pairformer.flops import PairformerSizes, block_flops
 from cpbench.models.pairformer.modules import block as block_module
-from cpbench.models.pairformer.modules.block import PairformerBlock, agreed_chunks
+from cpbench.models.pairformer.modules.block import PairformerBlock, chunk_context
 from cpbench.models.pairformer.ops import kernels
 from cpbench.models.pairformer.parallel.layout import Layout, serial_layout
 from cpbench.models.pairformer.parallel.transpose import transpose_pair
@@ -144,14 +145,17 @@ def _block_ops(block: PairformerBlock, mask: torch.Tensor, layout: Layout | None
     (this rank's shard of it under ``layout``: serial by default), under the block's agreed chunk
     budget as the trunk runs it (``agreed_chunks``)."""
     layout = layout if layout is not None else serial_layout()
+    context: dict = {}  # the block's chunk context, decided by its first op (one agreement a block)
 
-    def in_block(op):
+    def in_block(op, first: bool):
         def run(s: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            with agreed_chunks(z, layout):
+            if first:
+                context["enter"] = chunk_context(z, layout)
+            with context["enter"]():
                 return op(s, z)
         return run
 
-    return [(name, in_block(op)) for name, op in [
+    return [(name, in_block(op, first=name == "tri_mul_out")) for name, op in [
         ("tri_mul_out", lambda s, z: (s, block.tri_mul_out(z, mask, layout))),
         ("tri_mul_in", lambda s, z: (s, block.tri_mul_in(transpose_pair(z, layout), mask, layout))),
         ("tri_att_start", lambda s, z: (s, block.tri_att_start(transpose_pair(z, layout), mask, layout))),

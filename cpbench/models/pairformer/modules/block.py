@@ -51,12 +51,19 @@ def agreed_chunks(z: torch.Tensor, layout: Layout) -> contextlib.AbstractContext
     hands it to the ops, whose chunks are then those they would have chosen. Near the limit,
     where what each op leaves free decides its chunks, each op reads and agrees its own.
     ``z``: this rank's pair shard."""
+    return chunk_context(z, layout)()
+
+
+def chunk_context(z: torch.Tensor, layout: Layout) -> Callable[[], contextlib.AbstractContextManager]:
+    """``agreed_chunks``'s decision, made once (at most one agreement), as a factory of its
+    context: for callers that enter it op by op (``scripts/profile_ops.py`` times each op of a
+    block under the one agreement the block makes)."""
     if torch.is_grad_enabled():
-        return contextlib.nullcontext()
+        return contextlib.nullcontext
     if chunking.budgets_from_shapes(z):
-        return comm.agreed()
+        return comm.agreed
     budget_b = comm.agree_min(chunking.ample_budget(z), layout, z)
-    return under_budget(chunking.FreeMemoryBudget(budget_b)) if budget_b else contextlib.nullcontext()
+    return partial(under_budget, chunking.FreeMemoryBudget(budget_b)) if budget_b else contextlib.nullcontext
 
 
 @contextlib.contextmanager
