@@ -128,10 +128,14 @@ def _transpose_1d(z: torch.Tensor, layout: Layout, in_place: bool = False, chunk
         recv = torch.empty_like(send)
         dist.all_to_all_single(recv, send, group=layout.group)
         comm.BYTES.add((p - 1) * send.numel() * send.element_size() / p, "all_to_all")
-        # Emulated (fake group): every peer sent what this rank sent, so the blocks are unpacked
-        # from ``send``; ``recv`` is still allocated, as in a real run, but not filled: its fill
-        # would be a pass over the chunk that a real run's NCCL does (link time, not compute).
-        landed = send if comm.is_fake(layout.group) else recv
+        # Emulated (fake group): every peer sent what this rank sent, so on a GPU the blocks are
+        # unpacked from ``send``; ``recv`` is still allocated, as in a real run, but not filled: its
+        # fill would be a pass over the chunk that a real run's NCCL makes (link time, not compute).
+        # On a CPU it is filled: peaks there are resident memory, and gloo writes it.
+        fake = comm.is_fake(layout.group)
+        if fake and recv.device.type == "cpu":
+            recv.copy_(send)
+        landed = send if fake and recv.device.type != "cpu" else recv
         out_blocks[..., cs].copy_(landed.permute(2, 0, 1, 3))
         del send, recv, landed
     return out
