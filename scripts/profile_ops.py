@@ -12,7 +12,7 @@ is a cpbench point (no harness, no ``result.json``): they say where a point's ti
 no autograd, each op on the pair the block hands it, transposes included, under the block's
 agreed chunk budget as the trunk runs it: ``agreed_chunks``, agreed once a block, by its first op;
 outside it every op took the near-limit path, e.g. the single attention's eager LayerNorm, until
-2026-12-05, and until the next day each op of a sharded block made the agreement), under each backend
+2026-12-05, and until later that day each op of a sharded block made the agreement), under each backend
 of ``--kernels`` in turn (``flex+triton``: ``flex`` with ``model.passes=triton``, the Triton passes
 over z of ``ops/triton_passes.py``; ``flex+triton+tattn`` also ``model.attention=triton``).
 ``--warmup`` untimed blocks (the ``flex`` regions compile there), then

@@ -132,10 +132,10 @@ def _transpose_1d(z: torch.Tensor, layout: Layout, in_place: bool = False, chunk
         # unpacked from ``send``; ``recv`` is still allocated, as in a real run, but not filled: its
         # fill would be a pass over the chunk that a real run's NCCL makes (link time, not compute).
         # On a CPU it is filled: peaks there are resident memory, and gloo writes it.
-        fake = comm.is_fake(layout.group)
-        if fake and recv.device.type == "cpu":
-            recv.copy_(send)
-        landed = send if fake and recv.device.type != "cpu" else recv
+        if not comm.is_fake(layout.group):
+            landed = recv
+        else:
+            landed = recv.copy_(send) if recv.device.type == "cpu" else send
         out_blocks[..., cs].copy_(landed.permute(2, 0, 1, 3))
         del send, recv, landed
     return out
@@ -151,7 +151,7 @@ def _landed_storage(z: torch.Tensor, p: int) -> torch.Tensor | None:
     return z.transpose(0, 1).view(p, n, n, c)
 
 
-def _transpose_1d_whole(z: torch.Tensor, layout: Layout) -> torch.Tensor:
+def _transpose_1d_whole(z: torch.Tensor, layout: Layout, storage: torch.Tensor | None) -> torch.Tensor:
     """No autograd, one all-to-all of the whole shard and one copy, for ``z: [n, N, c]`` either
     row-major or the view this function returns (all ranks hold the same layout: they run the same
     ops); the one shard-sized transient is a send or receive buffer.
@@ -168,10 +168,10 @@ def _transpose_1d_whole(z: torch.Tensor, layout: Layout) -> torch.Tensor:
     Emulated (fake group) nothing lands: row-major, ``z``'s storage keeps this rank's own values;
     from the view, the blocks are unpacked from what this rank sent into the receive buffer,
     which is then the result (same size; ``z``'s storage is freed when the caller drops ``z``).
+    ``storage``: ``_landed_storage(z, P)``, None for row-major ``z``.
     """
     p, n, c = layout.size, z.shape[0], z.shape[2]
     sent_b = (p - 1) * z.numel() * z.element_size() / p
-    storage = _landed_storage(z, p)
     if storage is None:  # row-major
         send = z.view(n, p, n, c).permute(1, 0, 2, 3).contiguous()  # [P, n(a), n(b), c]
         landed = z.view(p, n, n, c)  # landed[s, a, b] = Z_s[a, me·n + b]
@@ -198,9 +198,10 @@ def _transpose_1d_no_grad(z: torch.Tensor, layout: Layout) -> torch.Tensor:
     p, c = layout.size, z.shape[2]
     per_channel_b = z.numel() * z.element_size() // c
     chunk_c = comm.agree_min(chunking.divisor_chunk(c, per_channel_b, chunking.budget_bytes(z)), layout, z)
-    if chunk_c == c and (z.is_contiguous() or _landed_storage(z, p) is not None):
-        return _transpose_1d_whole(z, layout)
-    half = max(d for d in range(1, max(chunk_c // 2, 1) + 1) if c % d == 0)  # two buffers
+    storage = _landed_storage(z, p)
+    if chunk_c == c and (z.is_contiguous() or storage is not None):
+        return _transpose_1d_whole(z, layout, storage)
+    half = chunking.divisor_chunk(c, 1, chunk_c // 2)  # two buffers: the largest divisor of c within half
     if not z.is_contiguous():
         return z.copy_(_transpose_1d(z, layout, chunk_c=half))
     return _transpose_1d(z, layout, in_place=True, chunk_c=half)
