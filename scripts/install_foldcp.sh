@@ -69,6 +69,7 @@ if [ "${1:-}" = "--gpu-wheels" ]; then
     opt-einsum trifast jaxtyping wadler-lindig platformdirs
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --platform manylinux2014_x86_64 -d "$dir" scipy rdkit
+  python3 scripts/repack_wheels.py "$dir"
   ls -l "$dir"
   exit 0
 fi

@@ -29,9 +29,10 @@
 #              biotraj, msgpack, gemmi, scipy (cp312)
 #   protenix   protenix 2.0.0 (pure), scipy and optree (cp312)
 #
-# One device call carries at most 64 MiB with the repository (~9 MB), so the wheels are packed
-# into DIR/part1, DIR/part2, ... of at most PART_MB (default 55) MB each, largest first: carry one
-# part per call to the same warm machine (its ignored files stay between calls), and run the
+# One device call carries at most 64 MiB with the repository (~10.5 MB), so wheels over 5 MB are
+# repacked LZMA-compressed (scripts/repack_wheels.py) and the wheels are
+# packed into DIR/part1, DIR/part2, ... of at most PART_MB (default 55) MB each, largest first:
+# carry one part per call to the same warm machine (its ignored files stay between calls), and run the
 # campaign with the last (docs/stock_models.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,6 +62,7 @@ if [ "${1:-}" = "--gpu-wheels" ]; then
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
     -d "$tmp" "${binary[@]}"
   rm -rf "$dir" && mkdir -p "$dir"
+  python3 scripts/repack_wheels.py "$tmp"
   python3 - "$tmp" "$dir" "${PART_MB:-55}" <<'PY'
 import pathlib, shutil, sys
 src, dst, limit = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), float(sys.argv[3]) * 1e6
