@@ -12,7 +12,9 @@
 #   boltz2     boltz==2.2.1 (boltz.model.layers.pairformer)             + einops, scipy
 #   openfold3  openfold3==0.5.0 (openfold3.core.model.latent.pairformer) + ml-collections, biotite
 #              (openfold3/__init__ imports gemmi: the `real` extra of scripts/setup.sh has it)
-#   protenix   protenix==2.0.0 (protenix.model.modules.pairformer)      + scipy, optree
+#   protenix   protenix==2.0.0 (protenix.model.modules.pairformer)      + scipy, optree, rdkit
+#              (the pairformer imports protenix.data.constants, which imports rdkit.Chem: the `real`
+#              extra of scripts/setup.sh has it too, which hid the need until the GPU machine, 2026-12-06)
 #
 # protenix's wheel also puts top-level `tests`, `runner`, `scripts` and `configs` packages into
 # site-packages; a regular `tests` package there hides this repository's `tests` namespace
@@ -27,7 +29,7 @@
 #   openfold3  openfold3 0.5.0 (pure), ml-collections, absl-py, and the binary biotite 1.6.0 (the
 #              version the CPU tests run; ~56 MB),
 #              biotraj, msgpack, gemmi, scipy (cp312)
-#   protenix   protenix 2.0.0 (pure), scipy and optree (cp312)
+#   protenix   protenix 2.0.0 (pure), scipy, optree and rdkit (cp312; rdkit ~35 MB)
 #
 # One device call carries at most 64 MiB with the repository (~10.5 MB), so wheels over 5 MB are
 # repacked LZMA-compressed (scripts/repack_wheels.py) and the wheels are
@@ -52,7 +54,7 @@ if [ "${1:-}" = "--gpu-wheels" ]; then
     case "$model" in
       boltz2) pure+=("$BOLTZ") ;;
       openfold3) pure+=("$OPENFOLD3" ml-collections absl-py); binary+=("biotite==1.6.0" biotraj msgpack gemmi) ;;
-      protenix) pure+=("$PROTENIX"); binary+=(optree) ;;
+      protenix) pure+=("$PROTENIX"); binary+=(optree rdkit) ;;
       *) echo "install_stock.sh: unknown model $model (allowed: boltz2, openfold3, protenix, all)" >&2; exit 2 ;;
     esac
   done
@@ -106,7 +108,7 @@ for model in "${models[@]}"; do
       rm -rf "$site/protenix" "$site"/protenix-*.dist-info
       mv "$tmp/protenix" "$tmp"/protenix-*.dist-info "$site/"
       rm -rf "$tmp"
-      "${PIP[@]}" scipy optree
+      "${PIP[@]}" scipy optree rdkit
       ;;
     *) echo "install_stock.sh: unknown model $model (allowed: boltz2, openfold3, protenix, all)" >&2; exit 2 ;;
   esac
