@@ -27,9 +27,11 @@ regions of ``flex`` do not run under a dispatch mode).
 
 With ``--cp K`` (and ``--grid CP0 CP1`` for 2d) the block is rank 0's of an emulated cp=K trunk
 (``emulate=true``'s fake process group: collectives return at once, their packing and copies
-run): the inputs the trunk hands its first block (this rank's shard of z) and its ops under that
-layout, so that each op's per-rank time at cp=K sits beside its cp=1 time (which ops scale 1/K,
-which do not). Its TFLOP/s are over a rank's 1/K share of the block's FLOPs.
+run; the fills that stand in for what the collectives write are timed apart, ``emulation_fill_ms``
+per op, and left out of ``op_ms``, as the worker leaves them out of a step): the inputs the
+trunk hands its first block (this rank's shard of z) and its ops under that layout, so that
+each op's per-rank time at cp=K sits beside its cp=1 time (which ops scale 1/K, which do not).
+Its TFLOP/s are over a rank's 1/K share of the block's FLOPs.
 
 ``passes`` (CUDA, Nsight Compute): the same block, each backend in a child process under ``ncu``
 (``--profile-from-start off``: the warmup block is not profiled; ncu flushes the L2 before each
@@ -77,6 +79,7 @@ from one_gpu import TRUNK_ONLY, emulated_mesh, one_rank_mesh, trunk_setup
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from cpbench.harness.emulation import FILLS
 from cpbench.models.pairformer.flops import PairformerSizes, block_flops
 from cpbench.models.pairformer.modules import block as block_module
 from cpbench.models.pairformer.modules.block import PairformerBlock, chunk_context
@@ -257,6 +260,7 @@ def profile_block(n_tokens: int, backend: str, warmup: int, repeats: int, device
     s, z, ops = (_emulated_block_setup(n_tokens, backend, mesh, device, dtype) if mesh is not None
                  else _block_setup(n_tokens, backend, device, dtype))
     times: dict[str, list[float]] = {name: [] for name, _ in ops}
+    fills: dict[str, list[float]] = {name: [] for name, _ in ops}
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
@@ -264,9 +268,15 @@ def profile_block(n_tokens: int, backend: str, warmup: int, repeats: int, device
         for rep in range(warmup + repeats):
             for name, op in ops:
                 start_ms = _now_ms(device)
+                FILLS.take_ms()
                 s, z = op(s, z)
+                elapsed_ms = _now_ms(device) - start_ms
+                # emulated: the fills that stand in for the collectives' writes are not this rank's
+                # compute (cpbench.harness.emulation); the worker takes them out of a step the same way
+                filled_ms = FILLS.take_ms()
                 if rep >= warmup:
-                    times[name].append(_now_ms(device) - start_ms)
+                    times[name].append(elapsed_ms - filled_ms)
+                    fills[name].append(filled_ms)
         table = _kernel_table(ops, s, z, kernel_rows_per_op) if kernel_rows_per_op and cuda else None
         copy_table = _copy_table(ops, s, z) if copies else None
     op_ms = {name: round(statistics.median(t), 3) for name, t in times.items()}
@@ -277,6 +287,8 @@ def profile_block(n_tokens: int, backend: str, warmup: int, repeats: int, device
              "z_local_shape": list(z.shape)}
     return {"mode": "block", "kernels": backend_name, "N": n_tokens, "dtype": dtype, "device": str(device), **where,
             "op_ms": op_ms, "block_ms": block_ms, "op_tflops_per_s": tflops,
+            "emulation_fill_ms": {name: round(statistics.median(t), 3) for name, t in fills.items()}
+            if mesh is not None else None,
             "block_tflops_per_s": _tflops(flops["block"] / cp, block_ms),
             "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if cuda else None,
             "compile_s": round(kernels.compile_seconds(), 1), "kernel_table": table, "copy_table": copy_table}

@@ -102,7 +102,8 @@ def run_rank(spec: dict, rank: int, device_index: int, outcome: dict) -> None:
     def step():
         return adapter.run_step(model, batch, spec["train"], **step_kwargs)
 
-    warmup_ms, times_ms, loss = [], [], None
+    warmup_ms, times_ms, fill_ms, loss = [], [], [], None
+    emulated = bool(spec.get("emulate"))
     energy_start_j = None
     for i in range(spec["warmup"] + spec["repeats"]):
         profiling = spec.get("profile_path") and i == spec["warmup"]
@@ -113,10 +114,16 @@ def run_rank(spec: dict, rank: int, device_index: int, outcome: dict) -> None:
         _sync(device)
         if i == spec["warmup"] and device.type == "cuda":
             energy_start_j = gpu_energy_j(device.index)  # NVML energy counter; None when absent
+        emulation.FILLS.take_ms()  # start the emulation's fill clock at this step
         t0 = time.perf_counter()
         loss = step()
         _sync(device)
         elapsed_ms = (time.perf_counter() - t0) * 1e3
+        if emulated:  # the fills stand in for the collectives' writes: not this rank's compute
+            filled_ms = emulation.FILLS.take_ms()
+            elapsed_ms -= filled_ms
+            if i >= spec["warmup"]:
+                fill_ms.append(round(filled_ms, 4))
         _barrier(device)
         (warmup_ms if i < spec["warmup"] else times_ms).append(elapsed_ms)
         write_json_atomic(Path(spec["work_dir"]) / f"rank{rank}.progress.json",
@@ -128,6 +135,8 @@ def run_rank(spec: dict, rank: int, device_index: int, outcome: dict) -> None:
                                                    if energy_start_j is not None else None, spec["repeats"])
     outcome["peak_alloc_gib"], outcome["peak_reserved_gib"] = peak.read_gib()
     outcome["warmup_ms"], outcome["times_ms"] = warmup_ms, times_ms
+    if emulated:
+        outcome["emulation_fill_ms"] = fill_ms
     outcome["loss"] = float(loss.detach().float().item()) if isinstance(loss, torch.Tensor) else None
     check_finite(outcome["loss"], adapter_stats(adapter))
     outcome["stats"] = adapter_stats(adapter)

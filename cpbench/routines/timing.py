@@ -59,6 +59,8 @@ def run_timing(point: Point, runner: Runner, out_dir: Path | None) -> dict:
     out.update(summarize_times(result.per_rank("times_ms")))
     out["times_ms_per_rank"] = [[round(t, 4) for t in ts] for ts in result.per_rank("times_ms")]
     out["warmup_ms"] = [round(max(it), 4) for it in zip(*result.per_rank("warmup_ms"))]
+    if point.emulate and result.ranks and result.ranks[0].get("emulation_fill_ms") is not None:
+        out["emulation_fill_ms"] = result.ranks[0]["emulation_fill_ms"]  # taken out of times_ms
     out["tokens_per_s"] = point.N / (out["median_ms"] / 1e3) if out["median_ms"] > 0 else None
     out["loss"] = result.ranks[0].get("loss")
     out["stats"] = result.ranks[0].get("stats") or {}

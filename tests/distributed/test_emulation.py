@@ -69,3 +69,8 @@ def test_emulated_rank0_has_the_real_rank0s_peak_collectives_and_finite_outputs(
         assert math.isfinite(emulated["loss"])
     else:
         assert emulated["stats"]["outputs_finite"] is True
+    # the fills that stand in for the collectives' writes are clocked and taken out of the step's
+    # time: one figure per timed repeat, positive (this step fills), and none in a real run
+    assert len(emulated["emulation_fill_ms"]) == 1 and emulated["emulation_fill_ms"][0] > 0
+    assert emulated["times_ms"][0] > 0
+    assert all("emulation_fill_ms" not in r for r in real_ranks)

@@ -5,6 +5,8 @@ never the allocator's leftovers."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -31,5 +33,31 @@ def test_fake_group_receives_are_filled_by_a_same_shaped_send_else_zeros():
         installed = dist.batch_isend_irecv
         emulation.fill_p2p_receives()  # installed once: a second call does not wrap it again
         assert dist.batch_isend_irecv is installed
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_fills_are_clocked_until_taken():
+    """``FILLS``: what ran inside ``timed`` counts until ``take_ms``, which starts again; the p2p
+    fill and the reference's all-gather fill run inside it."""
+    from cpbench.models.pairformer.parallel import comm
+    from cpbench.models.pairformer.parallel.layout import layout_1d
+
+    emulation.FILLS.take_ms()
+    with emulation.FILLS.timed(torch.zeros(1)):
+        time.sleep(0.02)
+    assert emulation.FILLS.take_ms() >= 20.0
+    assert emulation.FILLS.take_ms() == 0.0
+    emulation.init_fake_group(0, 2)
+    try:
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.randn(256, 256), 1),
+                                        dist.P2POp(dist.irecv, torch.empty(256, 256), 1)])
+        for work in works:
+            work.wait()
+        assert emulation.FILLS.take_ms() > 0
+        x = torch.randn(64, 8)
+        out = comm.gather_into(torch.empty(128, 8), x, layout_1d())
+        assert torch.equal(out[:64], x) and torch.equal(out[64:], x)
+        assert emulation.FILLS.take_ms() > 0
     finally:
         dist.destroy_process_group()

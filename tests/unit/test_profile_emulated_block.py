@@ -31,6 +31,10 @@ def test_an_emulated_block_runs_on_this_ranks_shard(tmp_path, cp, grid, local):
     assert (row["cp"], row["mesh"], row["emulated"]) == (cp, grid or [cp], True)
     assert row["z_local_shape"] == local
     assert list(row["op_ms"]) == OPS and all(ms > 0 for ms in row["op_ms"].values())
+    # the fills standing in for what the collectives write are timed apart, per op: the triangle
+    # products' gathered operands (1d) and ring receives (2x2) are filled
+    fills = row["emulation_fill_ms"]
+    assert list(fills) == OPS and fills["tri_mul_out"] > 0 and fills["tri_mul_in"] > 0
 
 
 def test_the_copy_tally_counts_one_copy_per_1d_transpose(tmp_path):

@@ -238,22 +238,27 @@ def _weight_grad(grad_rows: torch.Tensor, inp_rows: torch.Tensor, w: torch.Tenso
     return torch.matmul(grad_rows.t(), inp_rows).to(w.dtype)
 
 
-# Launch settings of the backward kernels in half precision, one pipeline stage. Not timed yet: chosen
-# from compiles for sm_90 on a CPU (scripts/triton_resources.py --grid, with the GPU image's Triton
-# 3.6.0, 2026-12-05) as settings that keep every register on chip (no spills), wgmma where BLOCK_M is
-# 64. With 4 warps every one of them spilled 120-550 bytes per thread; triangle_operands spilled
-# unless its channel step is 32.
+# Launch settings of the backward kernels in half precision: the fastest of each kernel's grid, timed
+# at N=2,048 on one H100 (scripts/tune_triton_passes.py, 2026-12-05,
+# docs/benchmarks/2026-12-05-h100-r2/tune_bwd.json; the H200 is the same sm_90 with 132 SMs), ms per
+# call against the earlier settings: norm_linear 6.14 (8.36), triangle_operands 11.43 (19.05),
+# triangle_update 9.91 (12.48), gated_output 3.53 (4.14), swiglu_transition 20.53 (35.30). The earlier
+# settings were chosen on a CPU (scripts/triton_resources.py) as those that keep every register on
+# chip (8 warps); the 4-warp ones spill 120-550 bytes per thread there and are faster all the same.
+# swiglu_transition with 64 rows stopped at an illegal memory access on that GPU (every later setting
+# of that run then failed with it): 32 rows, as before, and the cause is not known yet.
 BWD_TILES = {
-    "norm_linear": dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=1),
-    "triangle_operands": dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=1),
-    "triangle_update": dict(BLOCK_M=32, num_warps=8, num_stages=1),
-    "gated_output": dict(BLOCK_M=64, num_warps=8, num_stages=1),
+    "norm_linear": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
+    "triangle_operands": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1),
+    "triangle_update": dict(BLOCK_M=32, num_warps=4, num_stages=1),
+    "gated_output": dict(BLOCK_M=64, num_warps=4, num_stages=1),
     # the hidden step validated on an H100 (2026-12-05, kernel_parity): 64; hidden_step picks a
     # smaller one where it does not divide the hidden channels
-    "swiglu_transition": dict(BLOCK_M=32, BLOCK_H=64, num_warps=8, num_stages=1),
+    "swiglu_transition": dict(BLOCK_M=32, BLOCK_H=64, num_warps=4, num_stages=2),
 }
-# fp32 (the parity reference): 32-row tiles (shared memory)
-BWD_FP32_TILES = dict(BLOCK_M=32)
+# fp32 (the parity reference): 32-row tiles and one stage (shared memory: swiglu_transition's
+# backward asks 200 KiB of the 227 at two stages, compiled for sm_90 with Triton 3.9 on a CPU)
+BWD_FP32_TILES = dict(BLOCK_M=32, num_stages=1)
 
 
 def _launch(kernel: str, t: torch.Tensor) -> dict:

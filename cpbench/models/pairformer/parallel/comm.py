@@ -18,6 +18,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from cpbench.harness.emulation import FILLS
 from cpbench.models.pairformer.parallel.layout import Layout
 
 # Collective kinds counted apart (the communication model prices each with its own bus bandwidth).
@@ -70,7 +71,9 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 def is_fake(group: Any = None) -> bool:
     """Whether ``group`` runs on torch's fake backend (emulated CP, ``cpbench.harness.emulation``):
     every collective returns at once and writes nothing, so the callers below fill what a real
-    peer would have sent (``fill_*``): values stay finite and no data-dependent path differs."""
+    peer would have sent: values stay finite and no data-dependent path differs. The fills stand in
+    for the collective's own writes (link time), so they run under ``FILLS.timed``: the worker takes
+    their time out of the step's."""
     return dist.is_initialized() and dist.get_backend(group) == "fake"
 
 
@@ -96,10 +99,11 @@ def gather_into(out: torch.Tensor, x: torch.Tensor, layout: Layout) -> torch.Ten
     _all_gather(out.view(-1, *x.shape[1:]), x, group=layout.group)
     BYTES.add((layout.size - 1) * _nbytes(x), "all_gather")
     if is_fake(layout.group):  # every peer's rows: this rank's, as if all held the same
-        staged = _gloo_staging(out)
-        for block in out.view(layout.size, *x.shape):  # one contiguous copy each (a broadcast copy is slower)
-            block.copy_(x)
-        del staged
+        with FILLS.timed(out):
+            staged = _gloo_staging(out)
+            for block in out.view(layout.size, *x.shape):  # one contiguous copy each (a broadcast copy is slower)
+                block.copy_(x)
+            del staged
     return out
 
 
@@ -110,9 +114,10 @@ def reduce_scatter_into(out: torch.Tensor, y: torch.Tensor, layout: Layout) -> t
     _reduce_scatter(out, y.view(-1, *out.shape[1:]), group=layout.group)
     BYTES.add((layout.size - 1) * _nbytes(y) / layout.size, "reduce_scatter")
     if is_fake(layout.group):  # this rank's own block (the peers' contributions are not there)
-        staged = _gloo_staging(y)
-        out.copy_(y.view(layout.size, *out.shape)[layout.rank])
-        del staged
+        with FILLS.timed(out):
+            staged = _gloo_staging(y)
+            out.copy_(y.view(layout.size, *out.shape)[layout.rank])
+            del staged
     return out
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from cpbench.harness.emulation import FILLS
 from cpbench.models.pairformer.parallel import chunking, comm
 from cpbench.models.pairformer.parallel.grid import Grid, block, overlap
 from cpbench.models.pairformer.parallel.layout import TWO_D, Layout
@@ -134,8 +135,11 @@ def _transpose_1d(z: torch.Tensor, layout: Layout, in_place: bool = False, chunk
         # On a CPU it is filled: peaks there are resident memory, and gloo writes it.
         if not comm.is_fake(layout.group):
             landed = recv
+        elif recv.device.type == "cpu":
+            with FILLS.timed(recv):
+                landed = recv.copy_(send)
         else:
-            landed = recv.copy_(send) if recv.device.type == "cpu" else send
+            landed = send
         out_blocks[..., cs].copy_(landed.permute(2, 0, 1, 3))
         del send, recv, landed
     return out
