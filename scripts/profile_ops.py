@@ -79,7 +79,7 @@ from one_gpu import TRUNK_ONLY, emulated_mesh, one_rank_mesh, trunk_setup
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from cpbench.harness.emulation import FILLS
+from cpbench.models.fills import FILLS
 from cpbench.models.pairformer.flops import PairformerSizes, block_flops
 from cpbench.models.pairformer.modules import block as block_module
 from cpbench.models.pairformer.modules.block import PairformerBlock, chunk_context

@@ -26,55 +26,19 @@ its own collectives also return at once, and their outputs hold what it allocate
 
 Those fills stand in for what a real run's collectives write (NCCL's kernels, link time, which the
 communication model counts), so they are not this rank's compute: every fill runs inside
-``FILLS.timed``, and the worker takes their time out of each timed step (the record's
-``emulation_fill_ms``). Measured on one H100 before this (2026-12-05, N=2,048): the all-gather
+``FILLS.timed`` (``cpbench.models.fills``: an adapter that fills its own collectives' outputs under
+emulation can clock them the same way), and the worker takes their time out of each timed step
+(the record's ``emulation_fill_ms``). Measured on one H100 before this (2026-12-05, N=2,048): the all-gather
 fills of the two triangle products were 2.86 ms of a 43.0 ms cp=2 block, the same at cp=4.
 """
 
 from __future__ import annotations
 
-import contextlib
-import time
-from typing import Iterator
-
 import torch
 
+from cpbench.models.fills import FILLS
 
-class FillClock:
-    """The time the emulation's fills take, between two ``take_ms`` calls: CUDA events around each
-    fill on its stream (read after the caller synchronised the device), wall time on a CPU. Inside a
-    CUDA-graph capture nothing is recorded (no emulated run captures one: graphs replay at cp=1)."""
-
-    def __init__(self) -> None:
-        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-        self._cpu_ms = 0.0
-
-    @contextlib.contextmanager
-    def timed(self, like: torch.Tensor) -> Iterator[None]:
-        """Time the fill run inside, on ``like``'s device."""
-        if like.device.type == "cuda":
-            if torch.cuda.is_current_stream_capturing():
-                yield
-                return
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            yield
-            end.record()
-            self._events.append((start, end))
-        else:
-            t0 = time.perf_counter()
-            yield
-            self._cpu_ms += (time.perf_counter() - t0) * 1e3
-
-    def take_ms(self) -> float:
-        """The fills' time (ms) since the last call, and start again; the device must be idle."""
-        ms = self._cpu_ms + sum(start.elapsed_time(end) for start, end in self._events)
-        self._events.clear()
-        self._cpu_ms = 0.0
-        return ms
-
-
-FILLS = FillClock()
+__all__ = ["FILLS", "fill_p2p_receives", "init_fake_group"]
 
 
 def init_fake_group(rank: int, world_size: int) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from cpbench.harness.emulation import FILLS
+from cpbench.models.fills import FILLS
 from cpbench.models.pairformer.parallel.layout import Layout
 
 # Collective kinds counted apart (the communication model prices each with its own bus bandwidth).

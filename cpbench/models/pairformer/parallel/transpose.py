@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from cpbench.harness.emulation import FILLS
+from cpbench.models.fills import FILLS
 from cpbench.models.pairformer.parallel import chunking, comm
 from cpbench.models.pairformer.parallel.grid import Grid, block, overlap
 from cpbench.models.pairformer.parallel.layout import TWO_D, Layout

@@ -1,0 +1,55 @@
+"""The emulation's fill clock (``emulate=true``, ``cpbench.harness.emulation``).
+
+Under torch's fake process group a collective writes nothing, so whoever uses its output fills it
+(the harness the receives of ``batch_isend_irecv``, the reference trunk its all-gather and
+reduce-scatter outputs, ``parallel/comm.py``). Those fills stand in for what a real run's
+collectives write (NCCL's kernels: link time, which the communication model counts), so they are
+not the rank's compute: each runs inside ``FILLS.timed``, and the worker takes their time out of
+every timed step (the record's ``emulation_fill_ms``). Here, not in the harness, so that adapters
+(models) may use it without importing the harness.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Iterator
+
+import torch
+
+
+class FillClock:
+    """The time the emulation's fills take, between two ``take_ms`` calls: CUDA events around each
+    fill on its stream (read after the caller synchronised the device), wall time on a CPU. Inside a
+    CUDA-graph capture nothing is recorded (no emulated run captures one: graphs replay at cp=1)."""
+
+    def __init__(self) -> None:
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._cpu_ms = 0.0
+
+    @contextlib.contextmanager
+    def timed(self, like: torch.Tensor) -> Iterator[None]:
+        """Time the fill run inside, on ``like``'s device."""
+        if like.device.type == "cuda":
+            if torch.cuda.is_current_stream_capturing():
+                yield
+                return
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self._events.append((start, end))
+        else:
+            t0 = time.perf_counter()
+            yield
+            self._cpu_ms += (time.perf_counter() - t0) * 1e3
+
+    def take_ms(self) -> float:
+        """The fills' time (ms) since the last call, and start again; the device must be idle."""
+        ms = self._cpu_ms + sum(start.elapsed_time(end) for start, end in self._events)
+        self._events.clear()
+        self._cpu_ms = 0.0
+        return ms
+
+
+FILLS = FillClock()
