@@ -272,7 +272,7 @@ def profile_block(n_tokens: int, backend: str, warmup: int, repeats: int, device
                 s, z = op(s, z)
                 elapsed_ms = _now_ms(device) - start_ms
                 # emulated: the fills that stand in for the collectives' writes are not this rank's
-                # compute (cpbench.harness.emulation); the worker takes them out of a step the same way
+                # compute (cpbench.models.fills); the worker takes them out of a step the same way
                 filled_ms = FILLS.take_ms()
                 if rep >= warmup:
                     times[name].append(elapsed_ms - filled_ms)

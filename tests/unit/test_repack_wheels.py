@@ -31,7 +31,8 @@ def make_wheel(folder: Path) -> Path:
 
 def test_a_repacked_wheel_is_smaller_and_installs_the_same_files(tmp_path):
     wheel = make_wheel(tmp_path)
-    before = {i.filename: zipfile.ZipFile(wheel).read(i) for i in zipfile.ZipFile(wheel).infolist()}
+    with zipfile.ZipFile(wheel) as zf:
+        before = {i.filename: zf.read(i) for i in zf.infolist()}
     size = wheel.stat().st_size
     subprocess.run([sys.executable, str(ROOT / "scripts" / "repack_wheels.py"), str(tmp_path)], check=True,
                    capture_output=True, text=True)
