@@ -26,9 +26,10 @@ this rank's z (a transpose counts with the op it feeds; ``--kernels torch`` only
 regions of ``flex`` do not run under a dispatch mode).
 
 With ``--cp K`` (and ``--grid CP0 CP1`` for 2d) the block is rank 0's of an emulated cp=K trunk
-(``emulate=true``'s fake process group: collectives return at once, their packing and copies
-run; the fills that stand in for what the collectives write are timed apart, ``emulation_fill_ms``
-per op, and left out of ``op_ms``, as the worker leaves them out of a step): the inputs the
+(``emulate=true``'s fake process group: no peer's data arrives, the collectives' packing and
+copies run; the collectives themselves and the fills that stand in for what they write are timed
+apart, ``emulation_fill_ms`` per op, and left out of ``op_ms``, as the worker leaves them out of
+a step): the inputs the
 trunk hands its first block (this rank's shard of z) and its ops under that layout, so that
 each op's per-rank time at cp=K sits beside its cp=1 time (which ops scale 1/K, which do not).
 Its TFLOP/s are over a rank's 1/K share of the block's FLOPs.

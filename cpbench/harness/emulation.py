@@ -25,10 +25,13 @@ The worker's ``check_finite`` verifies the step's numbers (on every run). A user
 its own collectives also return at once, and their outputs hold what it allocated.
 
 Those fills stand in for what a real run's collectives write (NCCL's kernels, link time, which the
-communication model counts), so they are not this rank's compute: every fill runs inside
-``FILLS.timed`` (``cpbench.models.fills``: an adapter that fills its own collectives' outputs under
-emulation can clock them the same way), and the worker takes their time out of each timed step
-(the record's ``emulation_fill_ms``). Measured on one H100 before this (2026-12-05, N=2,048): the all-gather
+communication model counts), and so do the copies the fake backend itself makes (torch 2.13: an
+all-gather copies the input into every block, an all-to-all its send buffer whole; torch 2.11's
+all-gather too), so
+neither is this rank's compute: every fill, and every collective of the reference, runs inside
+``FILLS.timed`` (``cpbench.models.fills``: an adapter can clock its own collectives and fills the
+same way), and the worker takes their time out of each timed step (the record's
+``emulation_fill_ms``). Measured on one H100 before this (2026-12-05, N=2,048): the all-gather
 fills of the two triangle products were 2.86 ms of a 43.0 ms cp=2 block, the same at cp=4.
 """
 

@@ -1,11 +1,15 @@
 """The emulation's fill clock (``emulate=true``, ``cpbench.harness.emulation``).
 
-Under torch's fake process group a collective writes nothing, so whoever uses its output fills it
-(the harness the receives of ``batch_isend_irecv``, the reference trunk its all-gather and
-reduce-scatter outputs, ``parallel/comm.py``). Those fills stand in for what a real run's
-collectives write (NCCL's kernels: link time, which the communication model counts), so they are
-not the rank's compute: each runs inside ``FILLS.timed``, and the worker takes their time out of
-every timed step (the record's ``emulation_fill_ms``). Here, not in the harness, so that adapters
+Under torch's fake process group no peer's data arrives, so whoever uses a collective's output
+fills it (the harness the receives of ``batch_isend_irecv``, the reference trunk its all-gather and
+reduce-scatter outputs, ``parallel/comm.py``), and the fake backend itself may copy (torch 2.13's
+all-gather copies the input into every block, its all-to-all the send buffer whole; torch 2.11's
+all-gather too).
+Both stand in for what a real run's collectives write (NCCL's kernels: link time, which the
+communication model counts), so they are not the rank's compute: the reference runs each
+collective and its fills inside ``FILLS.timed`` (``comm.link_work``), and the worker takes that
+time out of every timed step (the record's ``emulation_fill_ms``). An adapter's own collectives
+count in its step unless it clocks them the same way. Here, not in the harness, so that adapters
 (models) may use it without importing the harness.
 """
 

@@ -59,7 +59,8 @@ in ``<sweep dir>/probes/<signature>/`` (a single run: ``<run dir>/probes/<signat
       "times_ms_per_rank": [[..], ..], "warmup_ms": [..],     # raw; times_ms = slowest rank
       "emulation_fill_ms": [..],             # emulated only: per timed repeat, the time the emulation's
                                              # stand-ins for the collectives' writes took (the fills of
-                                             # cpbench.harness.emulation), taken out of times_ms
+                                             # cpbench.harness.emulation and the fake backend's own
+                                             # copies), taken out of times_ms
       "seconds": 14.2,                       # the timing run's wall time (workers started and joined)
       "tokens_per_s": .., "stats": {"stage_ms": {..}, ...},   # the adapter's optional stats
                                              # (the reference trunk: "comm_per_block", "comm_step":

@@ -5,6 +5,7 @@ never the allocator's leftovers."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -58,6 +59,64 @@ def test_the_fills_are_clocked_until_taken():
         x = torch.randn(64, 8)
         out = comm.gather_into(torch.empty(128, 8), x, layout_1d())
         assert torch.equal(out[:64], x) and torch.equal(out[64:], x)
+        assert emulation.FILLS.take_ms() > 0
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_collective_of_the_reference_runs_inside_the_fill_clock(monkeypatch):
+    """Under the fake group each collective the reference issues (all-gather, reduce-scatter,
+    all-reduce, the 1d transposes' all-to-alls: whole-shard from row-major input and from its
+    view, and in channel chunks, with and without autograd) runs inside ``FILLS.timed``: torch's
+    fake backend copies inputs into outputs (what NCCL would write, link time), so that copy must
+    not count as the rank's compute."""
+    from cpbench.models.pairformer.parallel import chunking, comm
+    from cpbench.models.pairformer.parallel.layout import layout_1d
+    from cpbench.models.pairformer.parallel.transpose import transpose_pair
+
+    depth, calls = [0], []
+    timed = emulation.FILLS.timed
+
+    @contextlib.contextmanager
+    def counting_timed(like):
+        depth[0] += 1
+        try:
+            with timed(like):
+                yield
+        finally:
+            depth[0] -= 1
+
+    def spy(name, collective):
+        def run(*args, **kwargs):
+            calls.append((name, depth[0] > 0))
+            return collective(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(emulation.FILLS, "timed", counting_timed)
+    monkeypatch.setattr(comm, "_all_gather", spy("all_gather", comm._all_gather))
+    monkeypatch.setattr(comm, "_reduce_scatter", spy("reduce_scatter", comm._reduce_scatter))
+    monkeypatch.setattr(dist, "all_reduce", spy("all_reduce", dist.all_reduce))
+    monkeypatch.setattr(dist, "all_to_all_single", spy("all_to_all", dist.all_to_all_single))
+    emulation.init_fake_group(0, 2)
+    try:
+        layout = layout_1d()
+        x = torch.randn(4, 3)
+        comm.gather_into(torch.empty(8, 3), x, layout)
+        comm.reduce_scatter_into(torch.empty(4, 3), torch.randn(8, 3), layout)
+        comm.all_reduce_(torch.randn(3), layout)
+        comm.max_over_(torch.randn(3), layout)
+        z = torch.randn(4, 8, 16)
+        with torch.no_grad():
+            with chunking.override_budget(1 << 30):  # whole shard: row-major, then from its view
+                transpose_pair(transpose_pair(z.clone(), layout), layout)
+            with chunking.override_budget(z.numel() * z.element_size() // 4):  # channel chunks
+                transpose_pair(z.clone(), layout)
+        transpose_pair(z.clone().requires_grad_(), layout).sum().backward()
+        kinds = {name for name, _ in calls}
+        assert kinds == {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"}, calls
+        assert sum(name == "all_to_all" for name, _ in calls) >= 5, calls
+        outside = [name for name, inside in calls if not inside]
+        assert not outside, f"collectives outside the fill clock under the fake group: {outside}"
         assert emulation.FILLS.take_ms() > 0
     finally:
         dist.destroy_process_group()

@@ -70,11 +70,24 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 
 def is_fake(group: Any = None) -> bool:
     """Whether ``group`` runs on torch's fake backend (emulated CP, ``cpbench.harness.emulation``):
-    every collective returns at once and writes nothing, so the callers below fill what a real
-    peer would have sent: values stay finite and no data-dependent path differs. The fills stand in
-    for the collective's own writes (link time), so they run under ``FILLS.timed``: the worker takes
-    their time out of the step's."""
+    every collective returns at once, and no peer's data arrives, so the callers below fill what a
+    real peer would have sent: values stay finite and no data-dependent path differs."""
     return dist.is_initialized() and dist.get_backend(group) == "fake"
+
+
+def link_work(group: Any, like: torch.Tensor) -> contextlib.AbstractContextManager:
+    """Context for a collective and, under the fake group, its fills: what runs inside stands for
+    what a real run's collective does on the device (NCCL's kernels: link time, which the
+    communication model counts), so under the fake group it is clocked by ``FILLS`` and the worker
+    takes it out of the step (``emulation_fill_ms``); outside it, nothing.
+
+    The collective itself is inside because torch's fake backend is not free on every version:
+    torch 2.13's copies each input into the outputs (an all-gather writes its input into every
+    rank's block, a reduce-scatter this rank's block, an all-to-all its send buffer whole), and the
+    GPU image's torch 2.11 at least its all-gather (one H200 block at N=2,048 cp=2 showed four
+    device copies per triangle product, 1.02 ms, where the fills make two, clocked at 0.51 ms:
+    2026-12-06, ``docs/perf_notes.md``)."""
+    return FILLS.timed(like) if is_fake(group) else contextlib.nullcontext()
 
 
 def _gloo_staging(like: torch.Tensor) -> torch.Tensor | None:
@@ -96,14 +109,14 @@ def gather_into(out: torch.Tensor, x: torch.Tensor, layout: Layout) -> torch.Ten
     """Raw all-gather along dim 0: ``out: [P*n, ...]`` (or ``[P, n, ...]``) <- every rank's
     ``x: [n, ...]``."""
     x = x.contiguous()
-    _all_gather(out.view(-1, *x.shape[1:]), x, group=layout.group)
-    BYTES.add((layout.size - 1) * _nbytes(x), "all_gather")
-    if is_fake(layout.group):  # every peer's rows: this rank's, as if all held the same
-        with FILLS.timed(out):
+    with link_work(layout.group, out):
+        _all_gather(out.view(-1, *x.shape[1:]), x, group=layout.group)
+        if is_fake(layout.group):  # every peer's rows: this rank's, as if all held the same
             staged = _gloo_staging(out)
             for block in out.view(layout.size, *x.shape):  # one contiguous copy each (a broadcast copy is slower)
                 block.copy_(x)
             del staged
+    BYTES.add((layout.size - 1) * _nbytes(x), "all_gather")
     return out
 
 
@@ -111,20 +124,21 @@ def reduce_scatter_into(out: torch.Tensor, y: torch.Tensor, layout: Layout) -> t
     """Raw reduce-scatter (sum) along dim 0: ``out: [n, ...]`` <- sum over ranks of this
     rank's block of ``y: [P*n, ...]`` (or ``[P, n, ...]``)."""
     y = y.contiguous()
-    _reduce_scatter(out, y.view(-1, *out.shape[1:]), group=layout.group)
-    BYTES.add((layout.size - 1) * _nbytes(y) / layout.size, "reduce_scatter")
-    if is_fake(layout.group):  # this rank's own block (the peers' contributions are not there)
-        with FILLS.timed(out):
+    with link_work(layout.group, out):
+        _reduce_scatter(out, y.view(-1, *out.shape[1:]), group=layout.group)
+        if is_fake(layout.group):  # this rank's own block (the peers' contributions are not there)
             staged = _gloo_staging(y)
             out.copy_(y.view(layout.size, *out.shape)[layout.rank])
             del staged
+    BYTES.add((layout.size - 1) * _nbytes(y) / layout.size, "reduce_scatter")
     return out
 
 
 def all_reduce_(t: torch.Tensor, layout: Layout) -> torch.Tensor:
     """In-place sum over the CP group (no autograd)."""
     if layout.sharded:
-        dist.all_reduce(t, group=layout.group)  # fake: t stays this rank's own (finite)
+        with link_work(layout.group, t):
+            dist.all_reduce(t, group=layout.group)  # fake: t stays this rank's own (finite)
         BYTES.add(2 * (layout.size - 1) * _nbytes(t) / layout.size, "all_reduce")
     return t
 
@@ -157,7 +171,8 @@ def agree_min(n: int | tuple[int, ...], layout: Layout, like: torch.Tensor) -> i
     if not layout.sharded or _agreed:
         return n
     t = torch.tensor(n if isinstance(n, tuple) else [n], dtype=torch.int64, device=like.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=layout.group)
+    with link_work(layout.group, t):
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=layout.group)
     BYTES.add(2 * (layout.size - 1) * t.numel() * t.element_size() / layout.size, "all_reduce")
     return tuple(t.tolist()) if isinstance(n, tuple) else int(t.item())
 
@@ -213,6 +228,7 @@ def sum_over(x: torch.Tensor, layout: Layout) -> torch.Tensor:
 def max_over_(x: torch.Tensor, layout: Layout) -> torch.Tensor:
     """In-place element-wise max over the layout's group (no autograd)."""
     if layout.sharded:
-        dist.all_reduce(x, op=dist.ReduceOp.MAX, group=layout.group)
+        with link_work(layout.group, x):
+            dist.all_reduce(x, op=dist.ReduceOp.MAX, group=layout.group)
         BYTES.add(2 * (layout.size - 1) * _nbytes(x) / layout.size, "all_reduce")
     return x

@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from cpbench.models.fills import FILLS
 from cpbench.models.pairformer.parallel import chunking, comm
 from cpbench.models.pairformer.parallel.grid import Grid, block, overlap
 from cpbench.models.pairformer.parallel.layout import TWO_D, Layout
@@ -127,19 +126,16 @@ def _transpose_1d(z: torch.Tensor, layout: Layout, in_place: bool = False, chunk
         # send[s] = my rows, the columns of rank s: [P, n_local(i), n_local(j), chunk]
         send = z[..., cs].reshape(n_local, p, n_local, cs.stop - cs.start).permute(1, 0, 2, 3).contiguous()
         recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send, group=layout.group)
-        comm.BYTES.add((p - 1) * send.numel() * send.element_size() / p, "all_to_all")
         # Emulated (fake group): every peer sent what this rank sent, so on a GPU the blocks are
-        # unpacked from ``send``; ``recv`` is still allocated, as in a real run, but not filled: its
-        # fill would be a pass over the chunk that a real run's NCCL makes (link time, not compute).
-        # On a CPU it is filled: peaks there are resident memory, and gloo writes it.
-        if not comm.is_fake(layout.group):
-            landed = recv
-        elif recv.device.type == "cpu":
-            with FILLS.timed(recv):
-                landed = recv.copy_(send)
-        else:
-            landed = send
+        # unpacked from ``send``; ``recv`` is allocated, as in a real run, and whatever the fake
+        # backend writes there is clocked as link work. On a CPU it is filled: peaks there are
+        # resident memory, and gloo writes it.
+        with comm.link_work(layout.group, recv):
+            dist.all_to_all_single(recv, send, group=layout.group)
+            if comm.is_fake(layout.group) and recv.device.type == "cpu":
+                recv.copy_(send)
+        comm.BYTES.add((p - 1) * send.numel() * send.element_size() / p, "all_to_all")
+        landed = send if comm.is_fake(layout.group) else recv
         out_blocks[..., cs].copy_(landed.permute(2, 0, 1, 3))
         del send, recv, landed
     return out
@@ -169,9 +165,11 @@ def _transpose_1d_whole(z: torch.Tensor, layout: Layout, storage: torch.Tensor |
 
     Two transposes in a row thus copy the shard twice, each copy a block permutation; the
     chunked path (``_transpose_1d``) copies it four times, two of them element transposes.
-    Emulated (fake group) nothing lands: row-major, ``z``'s storage keeps this rank's own values;
-    from the view, the blocks are unpacked from what this rank sent into the receive buffer,
-    which is then the result (same size; ``z``'s storage is freed when the caller drops ``z``).
+    Emulated (fake group) no peer's blocks land: row-major, ``z``'s storage keeps this rank's own
+    values or the send buffer that the fake backend copies there (torch 2.13; clocked as link work,
+    ``comm.link_work``); from the view, the blocks are unpacked from what this rank sent
+    into the receive buffer, which is then the result (same size; ``z``'s storage is freed when
+    the caller drops ``z``).
     ``storage``: ``_landed_storage(z, P)``, None for row-major ``z``.
     """
     p, n, c = layout.size, z.shape[0], z.shape[2]
@@ -179,12 +177,14 @@ def _transpose_1d_whole(z: torch.Tensor, layout: Layout, storage: torch.Tensor |
     if storage is None:  # row-major
         send = z.view(n, p, n, c).permute(1, 0, 2, 3).contiguous()  # [P, n(a), n(b), c]
         landed = z.view(p, n, n, c)  # landed[s, a, b] = Z_s[a, me·n + b]
-        dist.all_to_all_single(landed, send, group=layout.group)
+        with comm.link_work(layout.group, landed):
+            dist.all_to_all_single(landed, send, group=layout.group)
         comm.BYTES.add(sent_b, "all_to_all")
         del send
         return landed.view(p * n, n, c).transpose(0, 1)  # [n(b), N(s·n + a), c]
     recv = torch.empty_like(storage)  # recv[s, b, a] = Z_s[a, me·n + b]
-    dist.all_to_all_single(recv, storage, group=layout.group)
+    with comm.link_work(layout.group, recv):
+        dist.all_to_all_single(recv, storage, group=layout.group)
     comm.BYTES.add(sent_b, "all_to_all")
     if comm.is_fake(layout.group):
         out = recv.view(n, p, n, c)
