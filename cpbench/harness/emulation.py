@@ -22,17 +22,19 @@ reference's p2p moves and Cannon ring, ``models/pairformer/parallel/p2p.py``, an
 such as Fold-CP's rings) by ``fill_p2p_receives``, installed with the group; the collectives'
 outputs by their callers (``models/pairformer/parallel/comm.py``, ``transpose.py``).
 The worker's ``check_finite`` verifies the step's numbers (on every run). A user's adapter is otherwise emulated as it is:
-its own collectives also return at once, and their outputs hold what it allocated.
+its own collectives also return at once, and their outputs hold what it allocated or what the
+fake backend copied there.
 
 Those fills stand in for what a real run's collectives write (NCCL's kernels, link time, which the
 communication model counts), and so do the copies the fake backend itself makes (torch 2.13: an
 all-gather copies the input into every block, an all-to-all its send buffer whole; torch 2.11's
-all-gather too), so
-neither is this rank's compute: every fill, and every collective of the reference, runs inside
-``FILLS.timed`` (``cpbench.models.fills``: an adapter can clock its own collectives and fills the
-same way), and the worker takes their time out of each timed step (the record's
-``emulation_fill_ms``). Measured on one H100 before this (2026-12-05, N=2,048): the all-gather
-fills of the two triangle products were 2.86 ms of a 43.0 ms cp=2 block, the same at cp=4.
+all-gather too), so neither is this rank's compute: every fill, every collective of the
+reference, and every call of torch's collectives under the fake group (``clock_collectives``,
+installed with the group: an adapter's, a DTensor's redistribute) runs inside ``FILLS.timed``
+(``cpbench.models.fills``: an adapter that fills buffers of its own can clock them the same way),
+and the worker takes their time out of each timed step (the record's ``emulation_fill_ms``).
+Measured on one H200 (2026-12-06, N=2,048, cp=2): the reference's all-gather fills were 0.51 ms
+per triangle product, and the fake backend's own copies in the same all-gathers as much again.
 """
 
 from __future__ import annotations
@@ -41,7 +43,19 @@ import torch
 
 from cpbench.models.fills import FILLS
 
-__all__ = ["FILLS", "fill_p2p_receives", "init_fake_group"]
+__all__ = ["FILLS", "clock_collectives", "fill_p2p_receives", "init_fake_group"]
+
+# torch's collectives that the fake backend may run a copy in (torch 2.13: all-gathers, reduce-scatters,
+# all-to-alls), per module; the names a torch version lacks are skipped. ``batch_isend_irecv`` is
+# ``fill_p2p_receives``'s.
+COLLECTIVES = {
+    "torch.distributed": ("all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter",
+                          "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single",
+                          "all_reduce", "broadcast", "reduce", "gather", "scatter"),
+    "torch.distributed._functional_collectives": (
+        "all_gather_tensor", "all_gather_single", "reduce_scatter_tensor", "reduce_scatter_single",
+        "all_to_all_single", "all_reduce"),
+}
 
 
 def init_fake_group(rank: int, world_size: int) -> None:
@@ -52,6 +66,56 @@ def init_fake_group(rank: int, world_size: int) -> None:
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     fill_p2p_receives()
+    clock_collectives()
+
+
+def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """The first tensor among the arguments, looking one level into lists (``all_gather``'s output
+    list comes first)."""
+    for a in (*args, *kwargs.values()):
+        for t in (a if isinstance(a, (list, tuple)) else (a,)):
+            if isinstance(t, torch.Tensor):
+                return t
+    return None
+
+
+def clock_collectives() -> None:
+    """Run torch's collectives (``COLLECTIVES``: ``torch.distributed``'s and the functional ones that
+    DTensor redistributes with) inside ``FILLS.timed`` under the fake group: whatever the fake
+    backend does in them (torch 2.13 copies inputs into outputs) stands for NCCL's writes, link
+    time, not the rank's compute; so an adapter's collectives are left out of its emulated step as
+    the reference's are. Installed once, on the module attributes (a name bound before, such as
+    ``from torch.distributed import all_gather``, keeps torch's own); outside the fake group each
+    call is torch's own."""
+    import importlib
+
+    import torch.distributed as dist
+
+    for module_name, names in COLLECTIVES.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            collective = getattr(module, name, None)
+            if collective is None or getattr(collective, "_clocked_under_fake", False):
+                continue
+            setattr(module, name, _clocked(collective, dist))
+
+
+def _clocked(collective, dist):
+    """``collective`` run inside ``FILLS.timed`` when the default group is the fake one."""
+    import functools
+
+    @functools.wraps(collective)
+    def run(*args, **kwargs):
+        if torch.compiler.is_compiling():  # traced: the wrapper is not part of the graph
+            return collective(*args, **kwargs)
+        like = _first_tensor(args, kwargs)
+        if like is None or not (dist.is_initialized() and dist.get_backend() == "fake"):
+            return collective(*args, **kwargs)
+        with FILLS.timed(like):
+            return collective(*args, **kwargs)
+
+    run._clocked_under_fake = True
+    return run
 
 
 def fill_p2p_receives() -> None:

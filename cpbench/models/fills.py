@@ -7,10 +7,11 @@ all-gather copies the input into every block, its all-to-all the send buffer who
 all-gather too).
 Both stand in for what a real run's collectives write (NCCL's kernels: link time, which the
 communication model counts), so they are not the rank's compute: the reference runs each
-collective and its fills inside ``FILLS.timed`` (``comm.link_work``), and the worker takes that
-time out of every timed step (the record's ``emulation_fill_ms``). An adapter's own collectives
-count in its step unless it clocks them the same way. Here, not in the harness, so that adapters
-(models) may use it without importing the harness.
+collective and its fills inside ``FILLS.timed`` (``comm.link_work``), the harness runs torch's
+collectives inside it under the fake group (``emulation.clock_collectives``: an adapter's too), and
+the worker takes that time out of every timed step (the record's ``emulation_fill_ms``). An
+adapter that fills buffers of its own clocks them the same way. Here, not in the harness, so that
+adapters (models) may use it without importing the harness.
 """
 
 from __future__ import annotations
@@ -24,16 +25,32 @@ import torch
 
 class FillClock:
     """The time the emulation's fills take, between two ``take_ms`` calls: CUDA events around each
-    fill on its stream (read after the caller synchronised the device), wall time on a CPU. Inside a
-    CUDA-graph capture nothing is recorded (no emulated run captures one: graphs replay at cp=1)."""
+    fill on its stream (read after the caller synchronised the device), wall time on a CPU. A section
+    inside another is the outer one's (counted once: the harness clocks torch's collectives under
+    the fake group, and the reference's ``comm.link_work`` wraps some of them again). Inside a
+    CUDA-graph capture or a compiled region nothing is recorded (no emulated run captures one:
+    graphs replay at cp=1)."""
 
     def __init__(self) -> None:
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._cpu_ms = 0.0
+        self._depth = 0
 
     @contextlib.contextmanager
     def timed(self, like: torch.Tensor) -> Iterator[None]:
         """Time the fill run inside, on ``like``'s device."""
+        if self._depth or torch.compiler.is_compiling():
+            yield
+            return
+        self._depth += 1
+        try:
+            with self._clocked(like):
+                yield
+        finally:
+            self._depth -= 1
+
+    @contextlib.contextmanager
+    def _clocked(self, like: torch.Tensor) -> Iterator[None]:
         if like.device.type == "cuda":
             if torch.cuda.is_current_stream_capturing():
                 yield

@@ -120,3 +120,59 @@ def test_every_collective_of_the_reference_runs_inside_the_fill_clock(monkeypatc
         assert emulation.FILLS.take_ms() > 0
     finally:
         dist.destroy_process_group()
+
+
+def test_a_section_inside_another_is_counted_once(monkeypatch):
+    """Nested ``FILLS.timed`` sections (the harness clocks a torch collective that the reference's
+    ``comm.link_work`` already clocks) count once: the outer section's time."""
+    from cpbench.models import fills
+
+    ticks = iter(range(100))
+    monkeypatch.setattr(fills.time, "perf_counter", lambda: float(next(ticks)))  # 1 s per reading
+    clock = fills.FillClock()
+    with clock.timed(torch.zeros(1)):  # readings 0 and 1 (counted twice: 1 and 2 inside, 0 and 3 here)
+        with clock.timed(torch.zeros(1)):
+            pass
+    assert clock.take_ms() == 1000.0
+    with clock.timed(torch.zeros(1)):  # readings 2 and 3: a clock that is left is usable again
+        pass
+    assert clock.take_ms() == 1000.0
+
+
+def test_an_adapters_collectives_are_clocked_under_the_fake_group():
+    """What an adapter calls (``torch.distributed``'s collectives, the functional ones and a DTensor
+    redistribute, as Fold-CP does) runs inside the fill clock under the fake group: the fake
+    backend's copies are not the rank's compute; with no fake group nothing is clocked."""
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    emulation.init_fake_group(0, 2)
+    try:
+        x = torch.randn(512, 64)
+        emulation.FILLS.take_ms()
+        dist.all_gather([torch.empty_like(x), torch.empty_like(x)], x)
+        assert emulation.FILLS.take_ms() > 0
+        dist.all_to_all_single(torch.empty_like(x), x)
+        assert emulation.FILLS.take_ms() > 0
+        gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+        funcol.wait_tensor(gather(x, 0, dist.group.WORLD))
+        assert emulation.FILLS.take_ms() > 0
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("cp",))
+        full = DTensor.from_local(x, mesh, [Shard(0)]).redistribute(mesh, [Replicate()]).to_local()
+        assert full.shape == (1024, 64)
+        assert emulation.FILLS.take_ms() > 0
+        installed = dist.all_gather
+        emulation.clock_collectives()  # installed once
+        assert dist.all_gather is installed
+    finally:
+        dist.destroy_process_group()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        emulation.FILLS.take_ms()
+        x = torch.randn(8)
+        dist.all_reduce(x)
+        dist.all_gather([torch.empty_like(x)], x)
+        assert emulation.FILLS.take_ms() == 0.0
+    finally:
+        dist.destroy_process_group()
