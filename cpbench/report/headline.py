@@ -88,9 +88,9 @@ def headline_rows(rows: pd.DataFrame, baseline_max_n: int | None = None) -> list
             elif not cp1.empty and int(row["cp"]) != 1:
                 baseline = {"baseline_n": int(cp1["N_tokens"].iloc[0]), "baseline_name": "cp=1",
                             "baseline_lower": bool(is_lower_bound(cp1).iloc[0])}
+            note = _note(row, reason, measured_again(grp, best.index[0]))
             out.append(HeadlineRow(str(model), str(workflow), str(cp_config), int(row["cp"]), int(row["N_tokens"]),
-                                   reason, _note(row, reason), command=row.get("command"), hardware=str(hardware),
-                                   **baseline))
+                                   reason, note, command=row.get("command"), hardware=str(hardware), **baseline))
     return sorted(out, key=lambda h: (h.hardware, h.model, h.workflow, h.cp, h.cp_config))
 
 
@@ -106,12 +106,36 @@ def _reason(row, coarse: bool) -> str:
     return "no failure" if not isinstance(cause, str) else ("timeout" if cause == "timeout" else f"first failure {cause}")
 
 
-def _note(row, reason: str | None) -> str:
-    """What bounds the figure: the out-of-memory above it, or why it is only a lower bound."""
+def measured_again(grp: pd.DataFrame, best: object) -> set[int]:
+    """The ends of row ``best``'s bracket that ``probe.verify`` did not re-run (``not_rerun``) but
+    another probe of the same configuration measured with the same outcome: its max N (a fit) or
+    its first failing N (an out-of-memory)."""
+    missing = grp.at[best, "not_rerun"] if "not_rerun" in grp else None
+    if not isinstance(missing, str) or not missing:
+        return set()
+    others = grp.drop(index=best)
+    fits = {int(n) for n in others["N_tokens"].dropna()}
+    ooms = {int(n) for n, cause in zip(others.get("first_fail_n", []), others.get("first_fail_status", []))
+            if cause == "oom" and pd.notna(n)}
+    ends = [int(n.replace(",", "")) for n in missing.split(" and ")]
+    fit_n, fail_n = int(grp.at[best, "N_tokens"]), _int_or_none(grp.at[best, "first_fail_n"])
+    return {n for n in ends if (n == fit_n and n in fits) or (n == fail_n and n in ooms)}
+
+
+def _ns(ns: list[int]) -> str:
+    return " and ".join(f"{n:,}" for n in sorted(ns))
+
+
+def _note(row, reason: str | None, again: set[int] = frozenset()) -> str:
+    """What bounds the figure: the out-of-memory above it, or why it is only a lower bound; for an
+    exact figure, the ends of its bracket not re-run, or re-run only by another probe (``again``)."""
     timeout_n, fail_n = _int_or_none(row.get("timeout_n")), _int_or_none(row.get("first_fail_n"))
     if reason is None:
         missing = row.get("not_rerun")  # ends of the bracket probe.verify did not re-run
-        rerun = f"; not re-run: {missing}" if isinstance(missing, str) and missing else ""
+        ends = [int(n.replace(",", "")) for n in missing.split(" and ")] if isinstance(missing, str) and missing else []
+        rerun = "".join(f"; {text}: {_ns(ns)}" for text, ns in
+                        (("not re-run", [n for n in ends if n not in again]),
+                         ("re-run by another probe", [n for n in ends if n in again])) if ns)
         return f"OOM at {fail_n:,}{rerun}" if fail_n else ""
     if reason == "coarse":
         return f"OOM at {fail_n:,}: a coarse bracket ({fail_n - int(row['N_tokens']):,} tokens)"

@@ -168,3 +168,30 @@ def test_a_bracket_whose_ends_were_not_re_run_says_which(tmp_path):
     assert "| m | inference | 1d cp=1 | 12,288 | — | OOM at 12,416; not re-run: 12,288 and 12,416 |" in headline, headline
     assert "| m | inference+sampling | 1d cp=1 | 10,240 | — | OOM at 10,368; not re-run: 10,368 |" in headline, headline
     assert "| m | inference+sampling | 1d cp=2 | 16,384 | 1.60× cp=1 | OOM at 16,512 |" in headline, headline
+
+
+def test_an_end_another_probe_measured_the_same_way_is_named_apart(tmp_path):
+    """Two probes of one configuration (a probe on one commit, the same bracket probed afresh on the
+    next): an end that ``probe.verify`` did not re-run but the other probe measured with the same
+    outcome (its max N fitting, its first failure out of memory) is "re-run by another probe"; an
+    end no other probe measured stays "not re-run"; a bracket the other probe does not share
+    confirms nothing."""
+    skipped = {"max_n": None, "above": None, "skipped": "stopped at probe.budget_s=420"}
+    records = {
+        "first": probe_record("training", 2, 3584, 3840, "oom", verify=skipped),
+        "again": probe_record("training", 2, 3584, 3840, "oom", verify=skipped),
+        # 2x4 on 256 tokens: the newer fit 46,592 (re-run), 46,848 out of memory as in the older probe
+        "older": probe_record("inference", 4, 46336, 46848, "oom"),
+        "newer": probe_record("inference", 4, 46592, 46848, "oom",
+                              verify={"max_n": {"N": 46592, "fits": True}, "above": None, "skipped": "budget"}),
+        # cp=1: the other probe (stopped early) measured neither end, so it confirms neither
+        "cp1_a": probe_record("inference", 1, 12288, 12416, "oom", verify=skipped),
+        "cp1_b": probe_record("inference", 1, 10240, None, None, status="incomplete"),
+    }
+    for name, record in records.items():
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / "result.json").write_text(json.dumps({"schema": SCHEMA_VERSION, **record}))
+    headline = section(build_report(tmp_path)["markdown"].read_text(), "Headline")
+    assert "| 3,584 | — | OOM at 3,840; re-run by another probe: 3,584 and 3,840 |" in headline, headline
+    assert "| 46,592 | 3.79× cp=1 | OOM at 46,848; re-run by another probe: 46,848 |" in headline, headline
+    assert "| 12,288 | — | OOM at 12,416; not re-run: 12,288 and 12,416 |" in headline, headline
