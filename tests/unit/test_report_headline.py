@@ -57,6 +57,14 @@ def section(text: str, title: str) -> str:
     return text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
 
 
+def headline_of(root: Path, records: dict[str, dict]) -> str:
+    """The report's Headline section over ``records`` (one folder each under ``root``)."""
+    for name, record in records.items():
+        (root / name).mkdir(parents=True)
+        (root / name / "result.json").write_text(json.dumps({"schema": SCHEMA_VERSION, **record}))
+    return section(build_report(root)["markdown"].read_text(), "Headline")
+
+
 def test_headline_marks_a_timed_out_trunk_probe_below_sampling_as_a_lower_bound(tmp_path):
     root = write_results(tmp_path / "results")
     text = build_report(root)["markdown"].read_text()
@@ -90,10 +98,7 @@ def test_an_unstable_probe_is_a_row_with_its_status_and_not_a_clean_max_n(tmp_pa
 def test_an_oom_far_above_the_max_n_is_a_coarse_lower_bound(tmp_path):
     """A figure bisected only to 8,192 tokens (the old GPU probes) is not exact: ``≥``, with its bracket."""
     records = RECORDS | {"trunk_cp1": probe_record("inference", 1, 16384, 24576, "oom")}
-    for name, record in records.items():
-        (tmp_path / name).mkdir(parents=True)
-        (tmp_path / name / "result.json").write_text(json.dumps({"schema": SCHEMA_VERSION, **record}))
-    headline = section(build_report(tmp_path)["markdown"].read_text(), "Headline")
+    headline = headline_of(tmp_path, records)
     assert "| m | inference | 1d cp=1 | ≥ 16,384 | — | OOM at 24,576: a coarse bracket (8,192 tokens) |" in headline
     assert "| m | inference | 1d cp=2 | ≥ 8,192 | ~ 0.50× cp=1 |" in headline  # both ends lower bounds
     # 128 tokens (sampling, cp=2) is exact
@@ -161,10 +166,7 @@ def test_a_bracket_whose_ends_were_not_re_run_says_which(tmp_path):
                                      verify={"max_n": {"N": 10240, "fits": True},
                                              "skipped": "the job stopped before re-running N=10368"}),
     }
-    for name, record in records.items():
-        (tmp_path / name).mkdir(parents=True)
-        (tmp_path / name / "result.json").write_text(json.dumps({"schema": SCHEMA_VERSION, **record}))
-    headline = section(build_report(tmp_path)["markdown"].read_text(), "Headline")
+    headline = headline_of(tmp_path, records)
     assert "| m | inference | 1d cp=1 | 12,288 | — | OOM at 12,416; not re-run: 12,288 and 12,416 |" in headline, headline
     assert "| m | inference+sampling | 1d cp=1 | 10,240 | — | OOM at 10,368; not re-run: 10,368 |" in headline, headline
     assert "| m | inference+sampling | 1d cp=2 | 16,384 | 1.60× cp=1 | OOM at 16,512 |" in headline, headline
@@ -188,10 +190,7 @@ def test_an_end_another_probe_measured_the_same_way_is_named_apart(tmp_path):
         "cp1_a": probe_record("inference", 1, 12288, 12416, "oom", verify=skipped),
         "cp1_b": probe_record("inference", 1, 10240, None, None, status="incomplete"),
     }
-    for name, record in records.items():
-        (tmp_path / name).mkdir(parents=True)
-        (tmp_path / name / "result.json").write_text(json.dumps({"schema": SCHEMA_VERSION, **record}))
-    headline = section(build_report(tmp_path)["markdown"].read_text(), "Headline")
+    headline = headline_of(tmp_path, records)
     assert "| 3,584 | — | OOM at 3,840; re-run by another probe: 3,584 and 3,840 |" in headline, headline
     assert "| 46,592 | 3.79× cp=1 | OOM at 46,848; re-run by another probe: 46,848 |" in headline, headline
     assert "| 12,288 | — | OOM at 12,416; not re-run: 12,288 and 12,416 |" in headline, headline
