@@ -63,3 +63,24 @@ def test_the_1d_transpose_matches_the_whole_pair_tensor(world, budget):
         assert r["zt_in_z_storage"] and r["back_in_zt_storage"], (r, context)
         # the whole-shard path hands on a strided view first, then returns to row-major
         assert r["zt_contiguous"] == (budget == "chunked") and r["back_contiguous"], (r, context)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_block_permutations_copy_as_words_where_the_views_allow_it(dtype):
+    """The transposes' strided copies (``_copy_words_``): bit-exact against ``copy_``; as 8-byte
+    words for the shard's block permutation and element transpose, as they are for a view whose
+    channels do not align with a word (an odd channel slice)."""
+    from cpbench.models.pairformer.parallel.transpose import _copy_words_, _packed, _wordable
+
+    n, p, c = 6, 3, 8
+    z = torch.randn(n, p * n, c).to(dtype)
+    ratio = 8 // z.element_size()
+    blocks = z.view(n, p, n, c).permute(1, 0, 2, 3)  # the row-major transpose's send
+    assert _wordable(blocks, ratio) and torch.equal(_packed(blocks), blocks.contiguous())
+    landed = z.view(p, n, n, c)
+    out = torch.empty(n, p, n, c, dtype=dtype)
+    assert torch.equal(_copy_words_(out, landed.permute(1, 0, 2, 3)), landed.permute(1, 0, 2, 3))
+    odd = z[..., 1:6]  # 5 channels from channel 1: no word boundary fits
+    assert not _wordable(odd, ratio)
+    dst = torch.empty(odd.shape, dtype=dtype)
+    assert torch.equal(_copy_words_(dst, odd.transpose(0, 1).transpose(0, 1)), odd)
