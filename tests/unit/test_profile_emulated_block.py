@@ -54,7 +54,7 @@ def test_the_copy_tally_counts_one_copy_per_1d_transpose(tmp_path):
     table = row["copy_table"]
     assert list(table) == OPS + ["block"]
     assert table["pair_transition"]["z_shards"] == pytest.approx(1.0, abs=0.01)
-    assert table["tri_att_end"]["by_op"]["clone"] == pytest.approx(1.0, abs=0.1)
+    assert table["tri_att_end"]["by_op"]["copy_"] == pytest.approx(1.0, abs=0.1)  # the pack (into a new buffer)
     assert table["block"]["z_shards"] == pytest.approx(sum(table[op]["z_shards"] for op in OPS), abs=0.05)
 
 
