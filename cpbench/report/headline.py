@@ -110,29 +110,34 @@ def measured_again(grp: pd.DataFrame, best: object) -> set[int]:
     """The ends of row ``best``'s bracket that ``probe.verify`` did not re-run (``not_rerun``) but
     another probe of the same configuration measured with the same outcome: its max N (a fit) or
     its first failing N (an out-of-memory)."""
-    missing = grp.at[best, "not_rerun"] if "not_rerun" in grp else None
-    if not isinstance(missing, str) or not missing:
+    ends = _not_rerun_ends(grp.loc[best])
+    if not ends:
         return set()
     others = grp.drop(index=best)
     fits = {int(n) for n in others["N_tokens"].dropna()}
     ooms = {int(n) for n, cause in zip(others.get("first_fail_n", []), others.get("first_fail_status", []))
             if cause == "oom" and pd.notna(n)}
-    ends = [int(n.replace(",", "")) for n in missing.split(" and ")]
     fit_n, fail_n = int(grp.at[best, "N_tokens"]), _int_or_none(grp.at[best, "first_fail_n"])
     return {n for n in ends if (n == fit_n and n in fits) or (n == fail_n and n in ooms)}
+
+
+def _not_rerun_ends(row) -> list[int]:
+    """The ends of the bracket that ``probe.verify`` did not re-run: the row's ``not_rerun``
+    (``"3,584 and 3,840"``, ``cpbench.report.rows.not_rerun``) as numbers."""
+    missing = row.get("not_rerun")
+    return [int(n.replace(",", "")) for n in missing.split(" and ")] if isinstance(missing, str) and missing else []
 
 
 def _ns(ns: list[int]) -> str:
     return " and ".join(f"{n:,}" for n in sorted(ns))
 
 
-def _note(row, reason: str | None, again: set[int] = frozenset()) -> str:
+def _note(row, reason: str | None, again: frozenset[int] | set[int] = frozenset()) -> str:
     """What bounds the figure: the out-of-memory above it, or why it is only a lower bound; for an
     exact figure, the ends of its bracket not re-run, or re-run only by another probe (``again``)."""
     timeout_n, fail_n = _int_or_none(row.get("timeout_n")), _int_or_none(row.get("first_fail_n"))
     if reason is None:
-        missing = row.get("not_rerun")  # ends of the bracket probe.verify did not re-run
-        ends = [int(n.replace(",", "")) for n in missing.split(" and ")] if isinstance(missing, str) and missing else []
+        ends = _not_rerun_ends(row)
         rerun = "".join(f"; {text}: {_ns(ns)}" for text, ns in
                         (("not re-run", [n for n in ends if n not in again]),
                          ("re-run by another probe", [n for n in ends if n in again])) if ns)
