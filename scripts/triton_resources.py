@@ -41,10 +41,11 @@ import torch
 os.environ.pop("TRITON_INTERPRET", None)  # the kernels must be JIT functions, not interpreted ones
 
 import triton  # noqa: E402
+from flex_microbench import TRITON_GRID  # noqa: E402 -- scripts/, first on the path of a script
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
-from tune_triton_passes import table_of  # noqa: E402 -- scripts/, first on the path of a script
+from tune_triton_passes import table_of  # noqa: E402
 
 from cpbench.models.pairformer.ops import triton_attention as ta  # noqa: E402
 from cpbench.models.pairformer.ops import triton_backward as tb  # noqa: E402
@@ -57,8 +58,6 @@ C_Z, HEADS, HEAD_DIM = 128, 4, 32
 PASSES = ("norm_linear", "triangle_operands", "triangle_update", "gated_output", "swiglu_transition")
 GRID = {"BLOCK_M": (32, 64, 128), "num_warps": (4, 8), "num_stages": (1, 3)}
 STEPS = (32, 64, 128)  # BLOCK_N / BLOCK_H of the kernels that loop over output columns or hidden channels
-ATTENTION_GRID = {"ROWS": (1, 2), "BLOCK_M": (64, 128), "BLOCK_N": (32, 64), "num_warps": (4, 8),
-                  "num_stages": (2, 3)}
 
 
 def captured_launches(call: Callable[[], object]) -> list[tuple[JITFunction, tuple, dict]]:
@@ -150,7 +149,7 @@ def settings(name: str, grid: bool) -> list[dict | None]:
     """``None`` (the table's own setting), then with ``grid`` each alternative."""
     if not grid:
         return [None]
-    space = ATTENTION_GRID if name == "attention" else dict(GRID)
+    space = TRITON_GRID if name == "attention" else dict(GRID)
     table, key = tables(name)
     for step in ("BLOCK_N", "BLOCK_H"):
         if name != "attention" and step in table[key]:

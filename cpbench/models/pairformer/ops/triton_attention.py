@@ -11,10 +11,22 @@ it is not measured; ``scripts/flex_microbench.py --cases triton`` times this ker
 
 Here one program owns ``BLOCK_M`` queries of one head for ``ROWS`` rows (1 or 2): for each key
 block it loads the bias tile once and uses it for both rows, each with its own 2D ``tl.dot``s
-(Hopper's wgmma where ``BLOCK_M`` is 64 or more) and online softmax (exp2, the scale folded in).
-The bias traffic halves. (A batched 3D ``tl.dot`` over more rows was tried first: compiled for
-sm_90 it ran on ``mma.sync`` and spilled registers at 64-query blocks and up,
-``scripts/triton_resources.py``.) The output is written
+(Hopper's wgmma where ``BLOCK_M`` is 64 or more) and online softmax. Two rows per program halve the
+bias traffic; on one H100 that did not make the kernel faster (188 against 194 TFLOP/s, 2026-12-05),
+so the loads are not what bounds it. What each score costs besides the matmuls is: FlexAttention
+scales the dot, converts and adds the bias, scales to base 2, then takes the max, subtracts, takes
+``exp2``, sums and converts, about nine instructions per score beside one of the special-function
+unit, whose throughput alone (16 per clock and SM) takes about 8 ms of an op at N=2,048 (arithmetic). So this
+kernel scales ``q`` by ``1/√D`` once as it loads it and hands the bias tile to the first dot as its
+accumulator (the tensor cores add it); the exponent ``s·log2(e) - m·log2(e)`` is one fused
+multiply-add; blocks that divide ``Lq`` and ``Lk`` load and score without masks. Compiled for sm_90
+(Triton 3.6.0, ``scripts/triton_resources.py``'s compiler), the key loop of the default setting
+has 329 instructions per thread against 459 before (2026-12-06). Whether that beats flex is for
+``scripts/flex_microbench.py --cases triton`` on a GPU to say. (Also tried, on the CPU's compiler:
+``ex2.approx.ftz.bf16x2``, two exponentials per instruction, which ptxas lowers for sm_90 to one
+``MUFU.EX2.BF16`` per score and more unpacking, 373 instructions. A batched 3D ``tl.dot`` over more
+rows was tried first: compiled for sm_90 it ran on ``mma.sync`` and spilled registers at 64-query
+blocks and up.) The output is written
 through its strides, so the caller can take it in the ``[rows, N, heads · D]`` layout of the gated
 output without a transposing copy (``attention``'s result is a ``[rows, heads, N, D]`` view of
 that), and the kernel can return each query's log-sum-exp (natural log, fp32) for the 2d ring.
@@ -38,14 +50,19 @@ if HAS_TRITON:
     import triton.language as tl
 
     @triton.jit
-    def _online_step(q, kt, v, bias, qk_scale, n_ok, m_i, l_i, acc, PREC: tl.constexpr):
-        """One key block of one row's online softmax: ``q [BLOCK_M, D]``, ``kt [D, BLOCK_N]``,
-        ``v [BLOCK_N, D]``, ``bias`` (base 2) ``[BLOCK_M, BLOCK_N]``; returns the new ``(m, l, acc)``."""
-        s = tl.dot(q, kt, input_precision=PREC) * qk_scale + bias
-        s = tl.where(n_ok[None, :], s, float("-inf"))
+    def _online_step(q, kt, v, bias, n_ok, m_i, l_i, acc, EVEN_N: tl.constexpr, PREC: tl.constexpr):
+        """One key block of one row's online softmax, in natural-log units: ``q [BLOCK_M, D]`` (already
+        scaled by ``1/√D``), ``kt [D, BLOCK_N]``, ``v [BLOCK_N, D]``, ``bias [BLOCK_M, BLOCK_N]`` fp32
+        (the dot's accumulator: the tensor cores add it). ``exp2`` takes ``s·log2(e) - m·log2(e)``, one
+        fused multiply-add per score. Returns the new ``(m, l, acc)``."""
+        LOG2E: tl.constexpr = 1.4426950408889634
+        s = tl.dot(q, kt, bias, input_precision=PREC)
+        if not EVEN_N:
+            s = tl.where(n_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
+        m_log2 = m_new * LOG2E
+        alpha = tl.exp2(m_i * LOG2E - m_log2)
+        p = tl.exp2(s * LOG2E - m_log2[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         return m_new, l_i, acc
@@ -55,29 +72,41 @@ if HAS_TRITON:
         """Store one row's output tile (and its log-sum-exp, natural log)."""
         tl.store(o_ptr + o_off, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=ok[:, None])
         if HAS_LSE:
-            tl.store(lse_ptr + l_off, (m_i + tl.log2(l_i)) * 0.6931471805599453, mask=ok)
+            tl.store(lse_ptr + l_off, m_i + tl.log(l_i), mask=ok)
+
+    @triton.jit
+    def _bias_tile(b_rows, n, b2, m_ok, Lk, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr):
+        """The ``[BLOCK_M, BLOCK_N]`` bias tile of keys ``n`` (``b_rows``: its rows' pointers)."""
+        if EVEN_M and EVEN_N:
+            return tl.load(b_rows + n[None, :] * b2)
+        else:
+            return tl.load(b_rows + n[None, :] * b2, mask=m_ok[:, None] & (n < Lk)[None, :], other=0.0)
 
     @triton.jit
     def _attention_kernel(q_ptr, q0, q1, q2, q3, k_ptr, k0, k1, k2, k3, v_ptr, v0, v1, v2, v3,
                           b_ptr, b0, b1, b2, o_ptr, o0, o1, o2, o3, lse_ptr, l0, l1, l2,
-                          n_rows, Lq, Lk, qk_scale,
+                          n_rows, Lq, Lk, sm_scale,
                           D: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr,
                           HAS_LSE: tl.constexpr, PREC: tl.constexpr):
         """Queries ``[pid0·BLOCK_M, +BLOCK_M)`` of head ``pid1`` for rows ``pid2·ROWS + (0, 1)``
-        (``ROWS`` 1 or 2: one bias tile per key block serves both rows' 2D dots).
+        (``ROWS`` 1 or 2: one bias tile per key block serves both rows' dots).
 
-        Scores in base 2: ``s = (q·k) · scale·log2(e) + bias · log2(e)``, so ``exp2`` gives the
-        natural softmax. 64-bit offsets only in the program's scalar bases; within a tile 32-bit
-        (queries < BLOCK_M, keys < Lk, channels < D: each term far below 2**31 elements)."""
-        LOG2E: tl.constexpr = 1.4426950408889634
+        ``q`` is scaled by ``1/√D`` once, as it is loaded (in its own dtype, as SDPA's flash kernels
+        do), so the scores are ``q·k + bias`` with the bias as the dot's accumulator. ``EVEN_M`` /
+        ``EVEN_N``: ``Lq`` / ``Lk`` are multiples of the blocks, so no load or score is masked.
+        64-bit offsets only in the program's scalar bases; within a tile 32-bit (queries <
+        BLOCK_M, keys < Lk, channels < D: each term far below 2**31 elements)."""
         h = tl.program_id(1).to(tl.int64)
         r0 = tl.program_id(2).to(tl.int64) * ROWS
         m0 = tl.program_id(0).to(tl.int64) * BLOCK_M
         ml, d, nl = tl.arange(0, BLOCK_M), tl.arange(0, D), tl.arange(0, BLOCK_N)
-        m_ok = m0 + ml < Lq
+        m_ok = (m0 + ml < Lq) | EVEN_M
         two = (ROWS == 2) & (r0 + 1 < n_rows)  # the program's second row exists
         q_off = ml[:, None] * q2 + d[None, :] * q3
+        q_dtype = q_ptr.dtype.element_ty
         qa = tl.load(q_ptr + (r0 * q0 + h * q1 + m0 * q2) + q_off, mask=m_ok[:, None], other=0.0)
+        qa = (qa.to(tl.float32) * sm_scale).to(q_dtype)
         k_base = k_ptr + (r0 * k0 + h * k1)
         v_base = v_ptr + (r0 * v0 + h * v1)
         b_base = b_ptr + (h * b0 + m0 * b1)
@@ -86,23 +115,38 @@ if HAS_TRITON:
         acc_a = tl.zeros((BLOCK_M, D), dtype=tl.float32)
         if ROWS == 2:
             qb = tl.load(q_ptr + ((r0 + 1) * q0 + h * q1 + m0 * q2) + q_off, mask=m_ok[:, None] & two, other=0.0)
+            qb = (qb.to(tl.float32) * sm_scale).to(q_dtype)
             m_b = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
             l_b = tl.zeros((BLOCK_M,), dtype=tl.float32)
             acc_b = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+        # The bias tile is the first dot's accumulator, which Triton's pipeliner does not prefetch: it
+        # loads the tile and converts it to the accumulator's layout through shared memory in each
+        # step. PREFETCH loads the next step's tile (the last step reloads the first) before the dots;
+        # Triton then loads it straight into the accumulator's layout (more, narrower loads).
+        b_rows = b_base + ml[:, None] * b1
+        if PREFETCH:
+            bias_next = _bias_tile(b_rows, nl, b2, m_ok, Lk, EVEN_M, EVEN_N)
         for n0 in range(0, Lk, BLOCK_N):
             n = n0 + nl
-            n_ok = n < Lk
-            bias = tl.load(b_base + ml[:, None] * b1 + n[None, :] * b2, mask=m_ok[:, None] & n_ok[None, :],
-                           other=0.0).to(tl.float32) * LOG2E  # [BLOCK_M, BLOCK_N]
+            n_ok = (n < Lk) | EVEN_N
             kt_off = n[None, :] * k2 + d[:, None] * k3  # [D, BLOCK_N]
             v_off = n[:, None] * v2 + d[None, :] * v3   # [BLOCK_N, D]
-            kt = tl.load(k_base + kt_off, mask=n_ok[None, :], other=0.0)
-            v = tl.load(v_base + v_off, mask=n_ok[:, None], other=0.0)
-            m_a, l_a, acc_a = _online_step(qa, kt, v, bias, qk_scale, n_ok, m_a, l_a, acc_a, PREC)
+            if PREFETCH:
+                bias = bias_next.to(tl.float32)  # [BLOCK_M, BLOCK_N]
+                bias_next = _bias_tile(b_rows, (n0 + BLOCK_N) % Lk + nl, b2, m_ok, Lk, EVEN_M, EVEN_N)
+            else:
+                bias = _bias_tile(b_rows, n, b2, m_ok, Lk, EVEN_M, EVEN_N).to(tl.float32)
+            if EVEN_N:
+                kt = tl.load(k_base + kt_off)
+                v = tl.load(v_base + v_off)
+            else:
+                kt = tl.load(k_base + kt_off, mask=n_ok[None, :], other=0.0)
+                v = tl.load(v_base + v_off, mask=n_ok[:, None], other=0.0)
+            m_a, l_a, acc_a = _online_step(qa, kt, v, bias, n_ok, m_a, l_a, acc_a, EVEN_N, PREC)
             if ROWS == 2:
                 kt = tl.load(k_base + k0 + kt_off, mask=n_ok[None, :] & two, other=0.0)
                 v = tl.load(v_base + v0 + v_off, mask=n_ok[:, None] & two, other=0.0)
-                m_b, l_b, acc_b = _online_step(qb, kt, v, bias, qk_scale, n_ok, m_b, l_b, acc_b, PREC)
+                m_b, l_b, acc_b = _online_step(qb, kt, v, bias, n_ok, m_b, l_b, acc_b, EVEN_N, PREC)
         o_off = ml[:, None] * o2 + d[None, :] * o3
         l_off = ml * l2
         _finish(o_ptr + (r0 * o0 + h * o1 + m0 * o2), o_off, lse_ptr + (r0 * l0 + h * l1 + m0 * l2), l_off, m_ok,
@@ -116,7 +160,8 @@ if HAS_TRITON:
 # keys per step. Measured on one H100 at N=2,048, 256 rows (scripts/flex_microbench.py --cases
 # triton, 2026-12-05: docs/benchmarks/2026-12-05-h100-triton/tattn.json): 194 TFLOP/s, against
 # 204 for flex; two rows per program reached 188 at best, the earlier CPU-chosen two-row setting 113.
-TILES = dict(ROWS=1, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
+# PREFETCH: each step loads the next step's bias tile (see the kernel).
+TILES = dict(ROWS=1, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, PREFETCH=False)
 # fp32 (the parity reference): smaller tiles, one stage (shared memory)
 FP32_TILES = dict(ROWS=2, BLOCK_M=32, BLOCK_N=32, num_stages=1)
 
@@ -150,6 +195,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     _attention_kernel[grid](
         q, *q.stride(), k, *k.stride(), v, *v.stride(), bias, *bias.stride(), o, *o.stride(),
         lse, *(lse.stride() if with_lse else (0, 0, 0)),
-        rows, lq, lk, 1.4426950408889634 / math.sqrt(d), D=d, HAS_LSE=with_lse,
+        rows, lq, lk, 1.0 / math.sqrt(d), D=d, HAS_LSE=with_lse,
+        EVEN_M=lq % launch["BLOCK_M"] == 0, EVEN_N=lk % launch["BLOCK_N"] == 0,
         PREC="ieee" if q.dtype == torch.float32 else "tf32", **launch)
     return (o, lse) if with_lse else o
