@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Call T (docs/benchmarks/planned/README.md): the Triton triangle attention with the bias as the first
+# dot's accumulator (2026-12-06), every launch setting of TRITON_GRID beside flex at N=2,048: TFLOP/s
+# and each setting's largest difference from flex's output.
+#   OUT=DIR bash docs/benchmarks/planned/call_t.sh
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+OUT=${OUT:?set OUT}/callT
+source docs/benchmarks/planned/script_env.sh
+cat "$OUT/env.txt"
+t0=$SECONDS
+timeout "${T_LIMIT_S:-200}" python3 scripts/flex_microbench.py --n 2048 --cases triton --out "$OUT/tattn.json" \
+  > "$OUT/tattn.log" 2>&1
+echo "tattn rc=$? $((SECONDS - t0)) s"; tail -c 1500 "$OUT/tattn.log"
