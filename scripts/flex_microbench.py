@@ -13,8 +13,7 @@ bias, as one row chunk of the op sees it. Cases:
   block sizes, warps, stages), with q/k/v as strided views of one projection (the model's
   layout) and contiguous (CUDA only);
 * ``triton``: the Triton kernel written for the shape (``ops/triton_attention.py``,
-  ``model.attention=triton``: each bias tile shared by ``ROWS`` rows, 1 or 2; loaded in
-  its step or one step ahead, ``PREFETCH``) under its default ``TILES`` and each setting of
+  ``model.attention=triton``: each bias tile shared by ``ROWS`` rows, 1 or 2) under its default ``TILES`` and each setting of
   ``TRITON_GRID``, beside the static flex kernel, on the model's
   strided q/k/v; each line carries its largest difference from flex's output and its share of
   the H200's measured bf16 matmul ceiling (``CEILING_TFLOPS``). Needs CUDA or ``TRITON_INTERPRET=1``;
@@ -54,8 +53,7 @@ OPTIONS = {
 
 # ops/triton_attention.py's launch settings tried by the ``triton`` cases (all combinations)
 # (on one H100, 2026-12-05, the two fastest of 32 settings ran 4 warps and 3 stages: 194 and 188 TFLOP/s)
-TRITON_GRID = {"ROWS": (1, 2), "BLOCK_M": (64, 128), "BLOCK_N": (32, 64, 128), "num_warps": (4,), "num_stages": (3,),
-               "PREFETCH": (False, True)}
+TRITON_GRID = {"ROWS": (1, 2), "BLOCK_M": (64, 128), "BLOCK_N": (32, 64, 128), "num_warps": (4,), "num_stages": (3,)}
 CEILING_TFLOPS = 774.0  # bf16 8192^3 matmul on one H200 (docs/perf_notes.md, "Measured ceilings")
 
 

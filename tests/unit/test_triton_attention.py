@@ -78,12 +78,10 @@ def test_every_launch_setting_agrees(tiles):
 
 @pytest.mark.parametrize("rows_per_program", [1, 2])
 @pytest.mark.parametrize("lq, lk", [(64, 96), (37, 45)], ids=["blocks-divide", "ragged"])
-@pytest.mark.parametrize("prefetch", [False, True], ids=["bias-per-step", "bias-prefetched"])
-def test_bias_loads_agree(rows_per_program, lq, lk, prefetch):
-    """The bias tile loaded in its step or one step ahead (the last step reloading the first), with
-    ``Lq`` and ``Lk`` multiples of the blocks (the trunk's sizes: no load or score masked) or not."""
+def test_blocks_that_divide_the_lengths_or_not(rows_per_program, lq, lk):
+    """``Lq`` and ``Lk`` multiples of the blocks (the trunk's sizes: no load or score masked) or not."""
     q, k, v, bias = inputs(3, lq, lk)
-    tiles = dict(ROWS=rows_per_program, BLOCK_M=32, BLOCK_N=32, num_stages=1, PREFETCH=prefetch)
+    tiles = dict(ROWS=rows_per_program, BLOCK_M=32, BLOCK_N=32, num_stages=1)
     o, lse = triton_attention.attention(q, k, v, bias, with_lse=True, tiles=tiles)
     o_ref, lse_ref = reference(q, k, v, bias)
     torch.testing.assert_close(o.double(), o_ref, **TOL)
@@ -141,10 +139,8 @@ def test_the_microbench_tries_each_setting_against_flex(monkeypatch):
     import flex_microbench
 
     monkeypatch.setattr(flex_microbench, "TRITON_GRID", {"ROWS": (1, 2), "BLOCK_M": (16,), "BLOCK_N": (32,),
-                                                         "num_warps": (4,), "num_stages": (1,),
-                                                         "PREFETCH": (False, True)})
+                                                         "num_warps": (4,), "num_stages": (1,)})
     lines = list(flex_microbench.triton_cases(24, 3, torch.device(DEVICE), torch.float32, repeats=1))
-    settings = [f"ROWS{rows}_BLOCK_M16_BLOCK_N32_num_warps4_num_stages1_PREFETCH{prefetch}"
-                for rows in (1, 2) for prefetch in (False, True)]
+    settings = [f"ROWS{rows}_BLOCK_M16_BLOCK_N32_num_warps4_num_stages1" for rows in (1, 2)]
     assert [case for case, *_ in lines] == ["triton/flex_static", "triton/default", *(f"triton/{s}" for s in settings)]
     assert all(isinstance(ms, float) and diff < 1e-4 for _, ms, diff in lines), lines

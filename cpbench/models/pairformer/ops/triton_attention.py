@@ -21,8 +21,11 @@ kernel scales ``q`` by ``1/√D`` once as it loads it and hands the bias tile to
 accumulator (the tensor cores add it); the exponent ``s·log2(e) - m·log2(e)`` is one fused
 multiply-add; blocks that divide ``Lq`` and ``Lk`` load and score without masks. Compiled for sm_90
 (Triton 3.6.0, ``scripts/triton_resources.py``'s compiler), the key loop of the default setting
-has 329 instructions per thread against 459 before (2026-12-06). Whether that beats flex is for
-``scripts/flex_microbench.py --cases triton`` on a GPU to say. (Also tried, on the CPU's compiler:
+has 329 instructions per thread against 459 before (2026-12-06). On one H100 it was no faster:
+192 TFLOP/s at best against flex's 215 (``docs/benchmarks/2026-12-06-h100-tattn/``), so the kernel is
+not bound by the instructions it issues, and ``model.attention=auto`` stays on flex. Loading each
+step's bias tile a step ahead, which Triton then loads straight into the accumulator's layout in
+narrower loads, was slower in every setting there (54-135 TFLOP/s). (Also tried, on the CPU's compiler:
 ``ex2.approx.ftz.bf16x2``, two exponentials per instruction, which ptxas lowers for sm_90 to one
 ``MUFU.EX2.BF16`` per score and more unpacking, 373 instructions. A batched 3D ``tl.dot`` over more
 rows was tried first: compiled for sm_90 it ran on ``mma.sync`` and spilled registers at 64-query
@@ -87,13 +90,12 @@ if HAS_TRITON:
                           b_ptr, b0, b1, b2, o_ptr, o0, o1, o2, o3, lse_ptr, l0, l1, l2,
                           n_rows, Lq, Lk, sm_scale,
                           D: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr,
-                          HAS_LSE: tl.constexpr, PREC: tl.constexpr):
+                          EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, HAS_LSE: tl.constexpr,
+                          PREC: tl.constexpr):
         """Queries ``[pid0·BLOCK_M, +BLOCK_M)`` of head ``pid1`` for rows ``pid2·ROWS + (0, 1)``
         (``ROWS`` 1 or 2: one bias tile per key block serves both rows' dots).
 
-        ``q`` is scaled by ``1/√D`` once, as it is loaded (in its own dtype, as SDPA's flash kernels
-        do), so the scores are ``q·k + bias`` with the bias as the dot's accumulator. ``EVEN_M`` /
+        ``q`` is scaled by ``1/√D`` once, as it is loaded (rounded to its own dtype), so the scores are ``q·k + bias`` with the bias as the dot's accumulator. ``EVEN_M`` /
         ``EVEN_N``: ``Lq`` / ``Lk`` are multiples of the blocks, so no load or score is masked.
         64-bit offsets only in the program's scalar bases; within a tile 32-bit (queries <
         BLOCK_M, keys < Lk, channels < D: each term far below 2**31 elements)."""
@@ -119,23 +121,13 @@ if HAS_TRITON:
             m_b = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
             l_b = tl.zeros((BLOCK_M,), dtype=tl.float32)
             acc_b = tl.zeros((BLOCK_M, D), dtype=tl.float32)
-        # The bias tile is the first dot's accumulator, which Triton's pipeliner does not prefetch: it
-        # loads the tile and converts it to the accumulator's layout through shared memory in each
-        # step. PREFETCH loads the next step's tile (the last step reloads the first) before the dots;
-        # Triton then loads it straight into the accumulator's layout (more, narrower loads).
         b_rows = b_base + ml[:, None] * b1
-        if PREFETCH:
-            bias_next = _bias_tile(b_rows, nl, b2, m_ok, Lk, EVEN_M, EVEN_N)
         for n0 in range(0, Lk, BLOCK_N):
             n = n0 + nl
             n_ok = (n < Lk) | EVEN_N
             kt_off = n[None, :] * k2 + d[:, None] * k3  # [D, BLOCK_N]
             v_off = n[:, None] * v2 + d[None, :] * v3   # [BLOCK_N, D]
-            if PREFETCH:
-                bias = bias_next.to(tl.float32)  # [BLOCK_M, BLOCK_N]
-                bias_next = _bias_tile(b_rows, (n0 + BLOCK_N) % Lk + nl, b2, m_ok, Lk, EVEN_M, EVEN_N)
-            else:
-                bias = _bias_tile(b_rows, n, b2, m_ok, Lk, EVEN_M, EVEN_N).to(tl.float32)
+            bias = _bias_tile(b_rows, n, b2, m_ok, Lk, EVEN_M, EVEN_N).to(tl.float32)  # [BLOCK_M, BLOCK_N]
             if EVEN_N:
                 kt = tl.load(k_base + kt_off)
                 v = tl.load(v_base + v_off)
@@ -160,8 +152,7 @@ if HAS_TRITON:
 # keys per step. Measured on one H100 at N=2,048, 256 rows (scripts/flex_microbench.py --cases
 # triton, 2026-12-05: docs/benchmarks/2026-12-05-h100-triton/tattn.json): 194 TFLOP/s, against
 # 204 for flex; two rows per program reached 188 at best, the earlier CPU-chosen two-row setting 113.
-# PREFETCH: each step loads the next step's bias tile (see the kernel).
-TILES = dict(ROWS=1, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, PREFETCH=False)
+TILES = dict(ROWS=1, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
 # fp32 (the parity reference): smaller tiles, one stage (shared memory)
 FP32_TILES = dict(ROWS=2, BLOCK_M=32, BLOCK_N=32, num_stages=1)
 
