@@ -97,8 +97,9 @@ if HAS_TRITON:
 
         ``q`` is scaled by ``1/√D`` once, as it is loaded (rounded to its own dtype), so the scores
         are ``q·k + bias`` with the bias as the dot's accumulator. ``EVEN_M`` / ``EVEN_N``: ``Lq`` /
-        ``Lk`` are multiples of the blocks, so no load or score is masked. 64-bit offsets only in the program's scalar bases; within a tile 32-bit (queries <
-        BLOCK_M, keys < Lk, channels < D: each term far below 2**31 elements)."""
+        ``Lk`` are multiples of the blocks, so no load or score is masked. 64-bit offsets only in
+        the program's scalar bases; within a tile 32-bit (queries < BLOCK_M, keys < Lk, channels <
+        D: each term far below 2**31 elements)."""
         h = tl.program_id(1).to(tl.int64)
         r0 = tl.program_id(2).to(tl.int64) * ROWS
         m0 = tl.program_id(0).to(tl.int64) * BLOCK_M
