@@ -41,19 +41,25 @@ class AttentionPairBias(nn.Module):
         self.bias_proj = nn.Linear(c_z, heads, bias=False)
         self.out = nn.Linear(c_s, c_s, bias=False)
 
-    def pair_bias(self, z: torch.Tensor) -> torch.Tensor:
-        """``z: [N/P, N, c_z]`` -> ``[N/P, N, heads]``, chunked over rows without autograd."""
+    def pair_bias(self, z: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """The attention bias per head: ``z: [R, C, c_z]`` (rows of Z: this rank's queries, its
+        key columns) and ``keys: [C]`` (``key_bias``) -> ``[heads, R, C]``, contiguous.
+
+        Without autograd, chunked over rows: each chunk's ``[r, C, heads]`` projection is added to
+        the key bias straight into its rows of the ``[heads, R, C]`` result (one pass, where a
+        permuted sum would be written and then copied again to be contiguous)."""
         if torch.is_grad_enabled():
-            return self.bias_proj(self.norm_z(z))
-        n_local, n_pad, c_z = z.shape
-        bias = z.new_empty((n_local, n_pad, self.heads))
-        rc = chunking.rows_per_chunk(n_local, n_pad * 2 * c_z * z.element_size(), chunking.budget_bytes(z))
+            return (self.bias_proj(self.norm_z(z)).permute(2, 0, 1) + keys).contiguous()
+        n_rows, n_cols, c_z = z.shape
+        bias = z.new_empty((self.heads, n_rows, n_cols))
+        rc = chunking.rows_per_chunk(n_rows, n_cols * 2 * c_z * z.element_size(), chunking.budget_bytes(z))
         fused = not chunking.near_limit(z)  # compiled under flex
-        for rs in chunking.slices(n_local, rc):
+        for rs in chunking.slices(n_rows, rc):
             if fused:
-                bias[rs] = norm_linear(z[rs], self.norm_z.weight, None, self.bias_proj.weight)
+                part = norm_linear(z[rs], self.norm_z.weight, None, self.bias_proj.weight)
             else:
-                bias[rs] = self.bias_proj(self.norm_z(z[rs]))
+                part = self.bias_proj(self.norm_z(z[rs]))
+            torch.add(part.permute(2, 0, 1), keys, out=bias[:, rs])
         return bias
 
     def forward(self, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor, layout: Layout) -> torch.Tensor:
@@ -68,7 +74,7 @@ class AttentionPairBias(nn.Module):
         v = comm.all_gather_rows(v.contiguous(), layout)
         n_pad = k.shape[0]
         # contiguous: unit last-dim stride for CUDA's memory-efficient SDPA (see triatt._bias)
-        bias = (self.pair_bias(z).permute(2, 0, 1) + key_bias(token_mask, z.dtype)).contiguous()  # [h, N/P, N]
+        bias = self.pair_bias(z, key_bias(token_mask, z.dtype))  # [h, N/P, N]
         o = F.scaled_dot_product_attention(
             q.view(n_local, h, d).transpose(0, 1).unsqueeze(0),
             k.view(n_pad, h, d).transpose(0, 1).unsqueeze(0),

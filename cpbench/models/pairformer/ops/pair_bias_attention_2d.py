@@ -35,7 +35,7 @@ def attention_pair_bias_2d(mod, s: torch.Tensor, z: torch.Tensor, token_mask: to
     k, v, g = mod.kvg(a).chunk(3, dim=-1)
     kv = comm.all_gather_rows(torch.cat([k, v], dim=-1).contiguous(), layout.single_axis())[cols]
     k_c, v_c = (t.reshape(-1, h, d).transpose(0, 1) for t in kv.chunk(2, dim=-1))  # [h, C, d]
-    bias = mod.pair_bias(z).permute(2, 0, 1) + key_bias(token_mask[cols], z.dtype)  # [h, R, C]
+    bias = mod.pair_bias(z, key_bias(token_mask[cols], z.dtype))  # [h, R, C]
     logits = torch.baddbmm(bias.to(s.dtype), q, k_c.transpose(1, 2), alpha=d ** -0.5).float()
     lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [h, R, 1]
     o_p = torch.matmul(torch.exp(logits - lse), v_c.float())  # [h, R, d]
