@@ -13,8 +13,8 @@ bias, as one row chunk of the op sees it. Cases:
   block sizes, warps, stages), with q/k/v as strided views of one projection (the model's
   layout) and contiguous (CUDA only);
 * ``triton``: the Triton kernel written for the shape (``ops/triton_attention.py``,
-  ``model.attention=triton``: each bias tile shared by ``ROWS`` rows, 1 or 2) under its default ``TILES`` and each setting of
-  ``TRITON_GRID``, beside the static flex kernel, on the model's
+  ``model.attention=triton``: each bias tile shared by ``ROWS`` rows, 1 or 2) under its default
+  ``TILES`` and each setting of ``TRITON_GRID``, beside the static flex kernel, on the model's
   strided q/k/v; each line carries its largest difference from flex's output and its share of
   the H200's measured bf16 matmul ceiling (``CEILING_TFLOPS``). Needs CUDA or ``TRITON_INTERPRET=1``;
 * ``passes``: the fused passes of ``ops/fused.py`` (LayerNorm + q/k/v/g projection, the SwiGLU

@@ -12,24 +12,25 @@ it is not measured; ``scripts/flex_microbench.py --cases triton`` times this ker
 Here one program owns ``BLOCK_M`` queries of one head for ``ROWS`` rows (1 or 2): for each key
 block it loads the bias tile once and uses it for both rows, each with its own 2D ``tl.dot``s
 (Hopper's wgmma where ``BLOCK_M`` is 64 or more) and online softmax. Two rows per program halve the
-bias traffic; on one H100 that did not make the kernel faster (188 against 194 TFLOP/s, 2026-12-05),
-so the loads are not what bounds it. What each score costs besides the matmuls is: FlexAttention
-scales the dot, converts and adds the bias, scales to base 2, then takes the max, subtracts, takes
-``exp2``, sums and converts, about nine instructions per score beside one of the special-function
-unit, whose throughput alone (16 per clock and SM) takes about 8 ms of an op at N=2,048 (arithmetic). So this
-kernel scales ``q`` by ``1/√D`` once as it loads it and hands the bias tile to the first dot as its
-accumulator (the tensor cores add it); the exponent ``s·log2(e) - m·log2(e)`` is one fused
-multiply-add; blocks that divide ``Lq`` and ``Lk`` load and score without masks. Compiled for sm_90
-(Triton 3.6.0, ``scripts/triton_resources.py``'s compiler), the key loop of the default setting
-has 329 instructions per thread against 459 before (2026-12-06). On one H100 it was no faster:
-192 TFLOP/s at best against flex's 215 (``docs/benchmarks/2026-12-06-h100-tattn/``), so the kernel is
-not bound by the instructions it issues, and ``model.attention=auto`` stays on flex. Loading each
-step's bias tile a step ahead, which Triton then loads straight into the accumulator's layout in
-narrower loads, was slower in every setting there (54-135 TFLOP/s). (Also tried, on the CPU's compiler:
+bias traffic; on one H100 that did not make the kernel faster (188 against 194 TFLOP/s,
+2026-12-05), so the loads are not what bounds it. What each score costs besides the matmuls is:
+FlexAttention scales the dot, converts and adds the bias, scales to base 2, then takes the max,
+subtracts, takes ``exp2``, sums and converts, about nine instructions per score beside one of the
+special-function unit, whose throughput alone (16 per clock and SM) takes about 8 ms of an op at
+N=2,048 (arithmetic). So this kernel scales ``q`` by ``1/√D`` once as it loads it and hands the
+bias tile to the first dot as its accumulator (the tensor cores add it); the exponent
+``s·log2(e) - m·log2(e)`` is one fused multiply-add; blocks that divide ``Lq`` and ``Lk`` load and
+score without masks. Compiled for sm_90 (Triton 3.6.0, ``scripts/triton_resources.py``'s
+compiler), the key loop of the default setting has 329 instructions per thread against 459 before
+(2026-12-06). On one H100 it was no faster: 192 TFLOP/s at best against flex's 215
+(``docs/benchmarks/2026-12-06-h100-tattn/``), so the kernel is not bound by the instructions it
+issues, and ``model.attention=auto`` stays on flex. Loading each step's bias tile a step ahead,
+which Triton then loads straight into the accumulator's layout in narrower loads, was slower in
+every setting there (54-135 TFLOP/s). (Also tried, on the CPU's compiler:
 ``ex2.approx.ftz.bf16x2``, two exponentials per instruction, which ptxas lowers for sm_90 to one
-``MUFU.EX2.BF16`` per score and more unpacking, 373 instructions. A batched 3D ``tl.dot`` over more
-rows was tried first: compiled for sm_90 it ran on ``mma.sync`` and spilled registers at 64-query
-blocks and up.) The output is written
+``MUFU.EX2.BF16`` per score and more unpacking, 373 instructions. A batched 3D ``tl.dot`` over
+more rows was tried first: compiled for sm_90 it ran on ``mma.sync`` and spilled registers at
+64-query blocks and up.) The output is written
 through its strides, so the caller can take it in the ``[rows, N, heads · D]`` layout of the gated
 output without a transposing copy (``attention``'s result is a ``[rows, heads, N, D]`` view of
 that), and the kernel can return each query's log-sum-exp (natural log, fp32) for the 2d ring.
@@ -78,12 +79,12 @@ if HAS_TRITON:
             tl.store(lse_ptr + l_off, m_i + tl.log(l_i), mask=ok)
 
     @triton.jit
-    def _bias_tile(b_rows, n, b2, m_ok, Lk, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr):
+    def _bias_tile(b_rows, n, b2, m_ok, n_ok, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr):
         """The ``[BLOCK_M, BLOCK_N]`` bias tile of keys ``n`` (``b_rows``: its rows' pointers)."""
         if EVEN_M and EVEN_N:
             return tl.load(b_rows + n[None, :] * b2)
         else:
-            return tl.load(b_rows + n[None, :] * b2, mask=m_ok[:, None] & (n < Lk)[None, :], other=0.0)
+            return tl.load(b_rows + n[None, :] * b2, mask=m_ok[:, None] & n_ok[None, :], other=0.0)
 
     @triton.jit
     def _attention_kernel(q_ptr, q0, q1, q2, q3, k_ptr, k0, k1, k2, k3, v_ptr, v0, v1, v2, v3,
@@ -128,7 +129,7 @@ if HAS_TRITON:
             n_ok = (n < Lk) | EVEN_N
             kt_off = n[None, :] * k2 + d[:, None] * k3  # [D, BLOCK_N]
             v_off = n[:, None] * v2 + d[None, :] * v3   # [BLOCK_N, D]
-            bias = _bias_tile(b_rows, n, b2, m_ok, Lk, EVEN_M, EVEN_N).to(tl.float32)  # [BLOCK_M, BLOCK_N]
+            bias = _bias_tile(b_rows, n, b2, m_ok, n_ok, EVEN_M, EVEN_N).to(tl.float32)  # [BLOCK_M, BLOCK_N]
             if EVEN_N:
                 kt = tl.load(k_base + kt_off)
                 v = tl.load(v_base + v_off)
