@@ -118,8 +118,9 @@ def option_cases(n: int, rows: int, device: torch.device, dtype: torch.dtype, re
                 yield case, f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
-def triton_cases(n: int, rows: int, device: torch.device, dtype: torch.dtype, repeats: int):
-    """(case, ms or error, largest |difference| from flex's output) per launch setting."""
+def triton_cases(n: int, rows: int, device: torch.device, dtype: torch.dtype, repeats: int, grid: bool = True):
+    """(case, ms or error, largest |difference| from flex's output) per launch setting: the default
+    ``TILES``, then (``grid``) each setting of ``TRITON_GRID``."""
     import itertools
 
     qkvg = torch.randn(rows, n, 4, HEADS, HEAD_DIM, device=device, dtype=dtype)
@@ -129,7 +130,8 @@ def triton_cases(n: int, rows: int, device: torch.device, dtype: torch.dtype, re
     with torch.no_grad():
         want = run(q, k, v, bias).float()
     yield "triton/flex_static", time_ms(lambda: run(q, k, v, bias), device, repeats=repeats), 0.0
-    settings = [None] + [dict(zip(TRITON_GRID, values)) for values in itertools.product(*TRITON_GRID.values())]
+    settings = [None] + ([dict(zip(TRITON_GRID, values)) for values in itertools.product(*TRITON_GRID.values())]
+                         if grid else [])
     for tiles in settings:
         name = "default" if tiles is None else "_".join(f"{key}{val}" for key, val in tiles.items())
         try:
@@ -167,6 +169,8 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=256, help="pair rows per call (one row chunk)")
     p.add_argument("--cases", nargs="+", choices=tuple(CASES), default=list(CASES))
     p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--triton-default-only", action="store_true",
+                   help="the triton cases: flex and the default TILES only, not TRITON_GRID (a profiler's run)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -182,7 +186,8 @@ def main() -> None:
         if case_set == "triton" and device.type != "cuda" and not triton_passes.interpreted():
             print(json.dumps({"case": "triton", "skipped": "CUDA or TRITON_INTERPRET=1 only"}), flush=True)
             continue
-        for case, ms, *diff in CASES[case_set](args.n, args.rows, device, dtype, args.repeats):
+        extra = {"grid": not args.triton_default_only} if case_set == "triton" else {}
+        for case, ms, *diff in CASES[case_set](args.n, args.rows, device, dtype, args.repeats, **extra):
             line = {"case": case, "N": args.n, "rows": args.rows}
             if diff:
                 line["max_abs_diff_vs_flex"] = diff[0]
