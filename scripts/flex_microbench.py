@@ -52,8 +52,11 @@ OPTIONS = {
 }
 
 # ops/triton_attention.py's launch settings tried by the ``triton`` cases (all combinations)
-# (on one H100, 2026-12-05, the two fastest of 32 settings ran 4 warps and 3 stages: 194 and 188 TFLOP/s)
-TRITON_GRID = {"ROWS": (1, 2), "BLOCK_M": (64, 128), "BLOCK_N": (32, 64, 128), "num_warps": (4,), "num_stages": (3,)}
+# (on one H100, 2026-12-05, the two fastest of 32 settings ran 4 warps and 3 stages: 194 and 188 TFLOP/s;
+# two rows per program were never faster, 2026-12-05/06), with every second key block's exponentials on
+# the special-function unit or on the FMA pipes (EXP_SPLIT)
+TRITON_GRID = {"ROWS": (1,), "BLOCK_M": (64, 128), "BLOCK_N": (32, 64), "num_warps": (4,), "num_stages": (3,),
+               "EXP_SPLIT": (0, 1)}
 CEILING_TFLOPS = 774.0  # bf16 8192^3 matmul on one H200 (docs/perf_notes.md, "Measured ceilings")
 
 

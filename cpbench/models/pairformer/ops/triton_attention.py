@@ -54,11 +54,26 @@ if HAS_TRITON:
     import triton.language as tl
 
     @triton.jit
-    def _online_step(q, kt, v, bias, n_ok, m_i, l_i, acc, EVEN_N: tl.constexpr, PREC: tl.constexpr):
+    def _exp2_fma(x):
+        """``2**x`` for ``x ≤ 0`` on the FMA and integer pipes instead of the special-function unit
+        (relative error ≤ 1.1e-4, below bf16's 3.9e-3; ``2**-126`` for ``x ≤ -126``, ``-inf``
+        included): ``x = k + f`` with ``k = round(x)`` (adding ``1.5·2**23`` leaves ``k`` in the sum's
+        low mantissa bits), ``f`` in ``[-0.5, 0.5]``, ``2**f`` by a cubic fitted to its relative error,
+        and ``k`` added to the result's exponent bits."""
+        x = tl.maximum(x, -126.0)
+        j = x + 12582912.0
+        f = x - (j - 12582912.0)
+        p = ((0.05500820 * f + 0.24220941) * f + 0.69328284) * f + 1.0
+        return (p.to(tl.int32, bitcast=True) + (j.to(tl.int32, bitcast=True) << 23)).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _online_step(q, kt, v, bias, n_ok, m_i, l_i, acc, EVEN_N: tl.constexpr, PREC: tl.constexpr,
+                     FMA_EXP: tl.constexpr):
         """One key block of one row's online softmax, in natural-log units: ``q [BLOCK_M, D]`` (already
         scaled by ``1/√D``), ``kt [D, BLOCK_N]``, ``v [BLOCK_N, D]``, ``bias [BLOCK_M, BLOCK_N]`` fp32
-        (the dot's accumulator: the tensor cores add it). ``exp2`` takes ``s·log2(e) - m·log2(e)``, one
-        fused multiply-add per score. Returns the new ``(m, l, acc)``."""
+        (the dot's accumulator: the tensor cores add it). The exponent ``s·log2(e) - m·log2(e)`` is one
+        fused multiply-add per score; ``FMA_EXP``: the scores' ``2**x`` by ``_exp2_fma``, else
+        ``exp2`` (the special-function unit). Returns the new ``(m, l, acc)``."""
         LOG2E: tl.constexpr = 1.4426950408889634
         s = tl.dot(q, kt, bias, input_precision=PREC)
         if not EVEN_N:
@@ -66,7 +81,10 @@ if HAS_TRITON:
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_log2 = m_new * LOG2E
         alpha = tl.exp2(m_i * LOG2E - m_log2)
-        p = tl.exp2(s * LOG2E - m_log2[:, None])
+        if FMA_EXP:
+            p = _exp2_fma(s * LOG2E - m_log2[:, None])
+        else:
+            p = tl.exp2(s * LOG2E - m_log2[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         return m_new, l_i, acc
@@ -92,13 +110,15 @@ if HAS_TRITON:
                           n_rows, Lq, Lk, sm_scale,
                           D: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, HAS_LSE: tl.constexpr,
-                          PREC: tl.constexpr):
+                          PREC: tl.constexpr, EXP_SPLIT: tl.constexpr):
         """Queries ``[pid0·BLOCK_M, +BLOCK_M)`` of head ``pid1`` for rows ``pid2·ROWS + (0, 1)``
         (``ROWS`` 1 or 2: one bias tile per key block serves both rows' dots).
 
         ``q`` is scaled by ``1/√D`` once, as it is loaded (rounded to its own dtype), so the scores
         are ``q·k + bias`` with the bias as the dot's accumulator. ``EVEN_M`` / ``EVEN_N``: ``Lq`` /
-        ``Lk`` are multiples of the blocks, so no load or score is masked. 64-bit offsets only in
+        ``Lk`` are multiples of the blocks (keys: of ``(1 + EXP_SPLIT)`` blocks), so no load or score is
+        masked. ``EXP_SPLIT`` (0 or 1): each step of the loop takes ``1 + EXP_SPLIT`` key blocks, the
+        second one's exponentials on the FMA pipes (``_exp2_fma``). 64-bit offsets only in
         the program's scalar bases; within a tile 32-bit (queries < BLOCK_M, keys < Lk, channels <
         D: each term far below 2**31 elements)."""
         h = tl.program_id(1).to(tl.int64)
@@ -124,23 +144,24 @@ if HAS_TRITON:
             l_b = tl.zeros((BLOCK_M,), dtype=tl.float32)
             acc_b = tl.zeros((BLOCK_M, D), dtype=tl.float32)
         b_rows = b_base + ml[:, None] * b1
-        for n0 in range(0, Lk, BLOCK_N):
-            n = n0 + nl
-            n_ok = (n < Lk) | EVEN_N
-            kt_off = n[None, :] * k2 + d[:, None] * k3  # [D, BLOCK_N]
-            v_off = n[:, None] * v2 + d[None, :] * v3   # [BLOCK_N, D]
-            bias = _bias_tile(b_rows, n, b2, m_ok, n_ok, EVEN_M, EVEN_N).to(tl.float32)  # [BLOCK_M, BLOCK_N]
-            if EVEN_N:
-                kt = tl.load(k_base + kt_off)
-                v = tl.load(v_base + v_off)
-            else:
-                kt = tl.load(k_base + kt_off, mask=n_ok[None, :], other=0.0)
-                v = tl.load(v_base + v_off, mask=n_ok[:, None], other=0.0)
-            m_a, l_a, acc_a = _online_step(qa, kt, v, bias, n_ok, m_a, l_a, acc_a, EVEN_N, PREC)
-            if ROWS == 2:
-                kt = tl.load(k_base + k0 + kt_off, mask=n_ok[None, :] & two, other=0.0)
-                v = tl.load(v_base + v0 + v_off, mask=n_ok[:, None] & two, other=0.0)
-                m_b, l_b, acc_b = _online_step(qb, kt, v, bias, n_ok, m_b, l_b, acc_b, EVEN_N, PREC)
+        for n0 in range(0, Lk, BLOCK_N * (1 + EXP_SPLIT)):
+            for half in tl.static_range(1 + EXP_SPLIT):
+                n = n0 + half * BLOCK_N + nl
+                n_ok = (n < Lk) | EVEN_N
+                kt_off = n[None, :] * k2 + d[:, None] * k3  # [D, BLOCK_N]
+                v_off = n[:, None] * v2 + d[None, :] * v3   # [BLOCK_N, D]
+                bias = _bias_tile(b_rows, n, b2, m_ok, n_ok, EVEN_M, EVEN_N).to(tl.float32)  # [BLOCK_M, BLOCK_N]
+                if EVEN_N:
+                    kt = tl.load(k_base + kt_off)
+                    v = tl.load(v_base + v_off)
+                else:
+                    kt = tl.load(k_base + kt_off, mask=n_ok[None, :], other=0.0)
+                    v = tl.load(v_base + v_off, mask=n_ok[:, None], other=0.0)
+                m_a, l_a, acc_a = _online_step(qa, kt, v, bias, n_ok, m_a, l_a, acc_a, EVEN_N, PREC, half == 1)
+                if ROWS == 2:
+                    kt = tl.load(k_base + k0 + kt_off, mask=n_ok[None, :] & two, other=0.0)
+                    v = tl.load(v_base + v0 + v_off, mask=n_ok[:, None] & two, other=0.0)
+                    m_b, l_b, acc_b = _online_step(qb, kt, v, bias, n_ok, m_b, l_b, acc_b, EVEN_N, PREC, half == 1)
         o_off = ml[:, None] * o2 + d[None, :] * o3
         l_off = ml * l2
         _finish(o_ptr + (r0 * o0 + h * o1 + m0 * o2), o_off, lse_ptr + (r0 * l0 + h * l1 + m0 * l2), l_off, m_ok,
@@ -154,9 +175,9 @@ if HAS_TRITON:
 # keys per step. Measured on one H100 at N=2,048, 256 rows (scripts/flex_microbench.py --cases
 # triton, 2026-12-05: docs/benchmarks/2026-12-05-h100-triton/tattn.json): 194 TFLOP/s, against
 # 204 for flex; two rows per program reached 188 at best, the earlier CPU-chosen two-row setting 113.
-TILES = dict(ROWS=1, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
+TILES = dict(ROWS=1, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, EXP_SPLIT=0)
 # fp32 (the parity reference): smaller tiles, one stage (shared memory)
-FP32_TILES = dict(ROWS=2, BLOCK_M=32, BLOCK_N=32, num_stages=1)
+FP32_TILES = dict(ROWS=2, BLOCK_M=32, BLOCK_N=32, num_stages=1, EXP_SPLIT=0)
 
 
 def usable(q: torch.Tensor) -> bool:
@@ -184,11 +205,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     launch = {**TILES, **(FP32_TILES if q.dtype == torch.float32 else {}), **(tiles or {})}
     if launch["ROWS"] not in (1, 2):
         raise ValueError(f"ROWS={launch['ROWS']}: the kernel shares a bias tile between 1 or 2 rows")
+    if launch["EXP_SPLIT"] not in (0, 1):
+        raise ValueError(f"EXP_SPLIT={launch['EXP_SPLIT']}: 0 (every exponential on the special-function unit) "
+                         "or 1 (every second key block's on the FMA pipes)")
     grid = (triton.cdiv(lq, launch["BLOCK_M"]), heads, triton.cdiv(rows, launch["ROWS"]))
     _attention_kernel[grid](
         q, *q.stride(), k, *k.stride(), v, *v.stride(), bias, *bias.stride(), o, *o.stride(),
         lse, *(lse.stride() if with_lse else (0, 0, 0)),
         rows, lq, lk, 1.0 / math.sqrt(d), D=d, HAS_LSE=with_lse,
-        EVEN_M=lq % launch["BLOCK_M"] == 0, EVEN_N=lk % launch["BLOCK_N"] == 0,
+        EVEN_M=lq % launch["BLOCK_M"] == 0, EVEN_N=lk % (launch["BLOCK_N"] * (1 + launch["EXP_SPLIT"])) == 0,
         PREC="ieee" if q.dtype == torch.float32 else "tf32", **launch)
     return (o, lse) if with_lse else o
