@@ -103,10 +103,24 @@ def test_exponentials_on_the_fma_pipes(lq, lk):
     assert float((o - exact).abs().max()) > 0  # the cubic ran: its error is not fp32's
 
 
-def test_exp_split_is_validated():
+@pytest.mark.parametrize("lq, lk", [(64, 96), (37, 45), (20, 16)], ids=["blocks-divide", "ragged", "one-key-block"])
+def test_next_block_issued_ahead(lq, lk):
+    """``AHEAD=1`` (each step's next ``q·kᵀ`` issued before its softmax) computes the same attention,
+    with one key block or several, the last one ragged or not."""
+    q, k, v, bias = inputs(2, lq, lk)
+    o, lse = triton_attention.attention(q, k, v, bias, with_lse=True,
+                                        tiles=dict(ROWS=1, BLOCK_M=16, BLOCK_N=16, num_stages=1, AHEAD=1))
+    o_ref, lse_ref = reference(q, k, v, bias)
+    torch.testing.assert_close(o.double(), o_ref, **TOL)
+    torch.testing.assert_close(lse.double(), lse_ref, **TOL)
+
+
+@pytest.mark.parametrize("tiles, match", [(dict(EXP_SPLIT=2), "EXP_SPLIT"), (dict(ROWS=2, AHEAD=1), "AHEAD"),
+                                          (dict(ROWS=1, EXP_SPLIT=1, AHEAD=1), "AHEAD")])
+def test_launch_settings_are_validated(tiles, match):
     q, k, v, bias = inputs(1, 16, 16)
-    with pytest.raises(ValueError, match="EXP_SPLIT"):
-        triton_attention.attention(q, k, v, bias, tiles=dict(EXP_SPLIT=2))
+    with pytest.raises(ValueError, match=match):
+        triton_attention.attention(q, k, v, bias, tiles=tiles)
 
 
 @pytest.mark.parametrize("exp_split", [0, 1])

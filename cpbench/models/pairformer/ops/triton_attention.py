@@ -67,17 +67,22 @@ if HAS_TRITON:
         return (p.to(tl.int32, bitcast=True) + (j.to(tl.int32, bitcast=True) << 23)).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _online_step(q, kt, v, bias, n_ok, m_i, l_i, acc, EVEN_N: tl.constexpr, PREC: tl.constexpr,
-                     FMA_EXP: tl.constexpr):
-        """One key block of one row's online softmax, in natural-log units: ``q [BLOCK_M, D]`` (already
-        scaled by ``1/√D``), ``kt [D, BLOCK_N]``, ``v [BLOCK_N, D]``, ``bias [BLOCK_M, BLOCK_N]`` fp32
-        (the dot's accumulator: the tensor cores add it). The exponent ``s·log2(e) - m·log2(e)`` is one
-        fused multiply-add per score; ``FMA_EXP``: the scores' ``2**x`` by ``_exp2_fma``, else
-        ``exp2`` (the special-function unit). Returns the new ``(m, l, acc)``."""
-        LOG2E: tl.constexpr = 1.4426950408889634
+    def _scores(q, kt, bias, n_ok, EVEN_N: tl.constexpr, PREC: tl.constexpr):
+        """``q·kᵀ + bias`` of one key block, ``-inf`` past the keys: ``q [BLOCK_M, D]`` (already scaled by
+        ``1/√D``), ``kt [D, BLOCK_N]``, ``bias [BLOCK_M, BLOCK_N]`` fp32 (the dot's accumulator: the
+        tensor cores add it)."""
         s = tl.dot(q, kt, bias, input_precision=PREC)
         if not EVEN_N:
             s = tl.where(n_ok[None, :], s, float("-inf"))
+        return s
+
+    @triton.jit
+    def _softmax_step(s, v, m_i, l_i, acc, PREC: tl.constexpr, FMA_EXP: tl.constexpr):
+        """One key block of one row's online softmax, in natural-log units: scores ``s [BLOCK_M,
+        BLOCK_N]`` fp32, ``v [BLOCK_N, D]``. The exponent ``s·log2(e) - m·log2(e)`` is one fused
+        multiply-add per score; ``FMA_EXP``: the scores' ``2**x`` by ``_exp2_fma``, else ``exp2`` (the
+        special-function unit). Returns the new ``(m, l, acc)``."""
+        LOG2E: tl.constexpr = 1.4426950408889634
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_log2 = m_new * LOG2E
         alpha = tl.exp2(m_i * LOG2E - m_log2)
@@ -88,6 +93,22 @@ if HAS_TRITON:
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         return m_new, l_i, acc
+
+    @triton.jit
+    def _kt(k_base, n, n_ok, k2, k3, d, EVEN_N: tl.constexpr):
+        """One key block's ``kt [D, BLOCK_N]`` (zeros past the keys)."""
+        if EVEN_N:
+            return tl.load(k_base + n[None, :] * k2 + d[:, None] * k3)
+        else:
+            return tl.load(k_base + n[None, :] * k2 + d[:, None] * k3, mask=n_ok[None, :], other=0.0)
+
+    @triton.jit
+    def _v(v_base, n, n_ok, v2, v3, d, EVEN_N: tl.constexpr):
+        """One key block's ``v [BLOCK_N, D]`` (zeros past the keys)."""
+        if EVEN_N:
+            return tl.load(v_base + n[:, None] * v2 + d[None, :] * v3)
+        else:
+            return tl.load(v_base + n[:, None] * v2 + d[None, :] * v3, mask=n_ok[:, None], other=0.0)
 
     @triton.jit
     def _finish(o_ptr, o_off, lse_ptr, l_off, ok, m_i, l_i, acc, HAS_LSE: tl.constexpr):
@@ -110,7 +131,7 @@ if HAS_TRITON:
                           n_rows, Lq, Lk, sm_scale,
                           D: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, HAS_LSE: tl.constexpr,
-                          PREC: tl.constexpr, EXP_SPLIT: tl.constexpr):
+                          PREC: tl.constexpr, EXP_SPLIT: tl.constexpr, AHEAD: tl.constexpr):
         """Queries ``[pid0·BLOCK_M, +BLOCK_M)`` of head ``pid1`` for rows ``pid2·ROWS + (0, 1)``
         (``ROWS`` 1 or 2: one bias tile per key block serves both rows' dots).
 
@@ -118,7 +139,10 @@ if HAS_TRITON:
         are ``q·k + bias`` with the bias as the dot's accumulator. ``EVEN_M`` / ``EVEN_N``: ``Lq`` /
         ``Lk`` are multiples of the blocks (keys: of ``(1 + EXP_SPLIT)`` blocks), so no load or score is
         masked. ``EXP_SPLIT`` (0 or 1): each step of the loop takes ``1 + EXP_SPLIT`` key blocks, the
-        second one's exponentials on the FMA pipes (``_exp2_fma``). 64-bit offsets only in
+        second one's exponentials on the FMA pipes (``_exp2_fma``). ``AHEAD`` (``ROWS=1``,
+        ``EXP_SPLIT=0``): the next key block's ``q·kᵀ`` is issued before this block's softmax, so
+        that (compiled for sm_90) its wgmma runs while the softmax's exponentials issue, instead of
+        being waited for as soon as it is issued. 64-bit offsets only in
         the program's scalar bases; within a tile 32-bit (queries < BLOCK_M, keys < Lk, channels <
         D: each term far below 2**31 elements)."""
         h = tl.program_id(1).to(tl.int64)
@@ -144,24 +168,37 @@ if HAS_TRITON:
             l_b = tl.zeros((BLOCK_M,), dtype=tl.float32)
             acc_b = tl.zeros((BLOCK_M, D), dtype=tl.float32)
         b_rows = b_base + ml[:, None] * b1
-        for n0 in range(0, Lk, BLOCK_N * (1 + EXP_SPLIT)):
-            for half in tl.static_range(1 + EXP_SPLIT):
-                n = n0 + half * BLOCK_N + nl
+        if AHEAD:
+            # one row (ROWS=1): each step issues the next key block's dot, then the previous block's
+            # softmax (the dot runs on the tensor cores meanwhile); the last block's softmax after the loop
+            n_ok = (nl < Lk) | EVEN_N
+            bias = _bias_tile(b_rows, nl, b2, m_ok, n_ok, EVEN_M, EVEN_N).to(tl.float32)
+            s = _scores(qa, _kt(k_base, nl, n_ok, k2, k3, d, EVEN_N), bias, n_ok, EVEN_N, PREC)
+            for n0 in range(BLOCK_N, Lk, BLOCK_N):
+                n = n0 + nl
                 n_ok = (n < Lk) | EVEN_N
-                kt_off = n[None, :] * k2 + d[:, None] * k3  # [D, BLOCK_N]
-                v_off = n[:, None] * v2 + d[None, :] * v3   # [BLOCK_N, D]
-                bias = _bias_tile(b_rows, n, b2, m_ok, n_ok, EVEN_M, EVEN_N).to(tl.float32)  # [BLOCK_M, BLOCK_N]
-                if EVEN_N:
-                    kt = tl.load(k_base + kt_off)
-                    v = tl.load(v_base + v_off)
-                else:
-                    kt = tl.load(k_base + kt_off, mask=n_ok[None, :], other=0.0)
-                    v = tl.load(v_base + v_off, mask=n_ok[:, None], other=0.0)
-                m_a, l_a, acc_a = _online_step(qa, kt, v, bias, n_ok, m_a, l_a, acc_a, EVEN_N, PREC, half == 1)
-                if ROWS == 2:
-                    kt = tl.load(k_base + k0 + kt_off, mask=n_ok[None, :] & two, other=0.0)
-                    v = tl.load(v_base + v0 + v_off, mask=n_ok[:, None] & two, other=0.0)
-                    m_b, l_b, acc_b = _online_step(qb, kt, v, bias, n_ok, m_b, l_b, acc_b, EVEN_N, PREC, half == 1)
+                bias = _bias_tile(b_rows, n, b2, m_ok, n_ok, EVEN_M, EVEN_N).to(tl.float32)
+                s_next = _scores(qa, _kt(k_base, n, n_ok, k2, k3, d, EVEN_N), bias, n_ok, EVEN_N, PREC)
+                v = _v(v_base, n - BLOCK_N, n_ok, v2, v3, d, True)  # the previous block: no key past Lk
+                m_a, l_a, acc_a = _softmax_step(s, v, m_a, l_a, acc_a, PREC, False)
+                s = s_next
+            n = ((Lk - 1) // BLOCK_N) * BLOCK_N + nl
+            v = _v(v_base, n, n < Lk, v2, v3, d, EVEN_N)
+            m_a, l_a, acc_a = _softmax_step(s, v, m_a, l_a, acc_a, PREC, False)
+        else:
+            for n0 in range(0, Lk, BLOCK_N * (1 + EXP_SPLIT)):
+                for half in tl.static_range(1 + EXP_SPLIT):
+                    n = n0 + half * BLOCK_N + nl
+                    n_ok = (n < Lk) | EVEN_N
+                    bias = _bias_tile(b_rows, n, b2, m_ok, n_ok, EVEN_M, EVEN_N).to(tl.float32)  # [BLOCK_M, BLOCK_N]
+                    s = _scores(qa, _kt(k_base, n, n_ok, k2, k3, d, EVEN_N), bias, n_ok, EVEN_N, PREC)
+                    m_a, l_a, acc_a = _softmax_step(s, _v(v_base, n, n_ok, v2, v3, d, EVEN_N), m_a, l_a, acc_a,
+                                                    PREC, half == 1)
+                    if ROWS == 2:
+                        kt = _kt(k_base + k0, n, n_ok & two, k2, k3, d, False)
+                        s = _scores(qb, kt, bias, n_ok, EVEN_N, PREC)
+                        m_b, l_b, acc_b = _softmax_step(s, _v(v_base + v0, n, n_ok & two, v2, v3, d, False),
+                                                        m_b, l_b, acc_b, PREC, half == 1)
         o_off = ml[:, None] * o2 + d[None, :] * o3
         l_off = ml * l2
         _finish(o_ptr + (r0 * o0 + h * o1 + m0 * o2), o_off, lse_ptr + (r0 * l0 + h * l1 + m0 * l2), l_off, m_ok,
@@ -175,9 +212,9 @@ if HAS_TRITON:
 # keys per step. Measured on one H100 at N=2,048, 256 rows (scripts/flex_microbench.py --cases
 # triton, 2026-12-05: docs/benchmarks/2026-12-05-h100-triton/tattn.json): 194 TFLOP/s, against
 # 204 for flex; two rows per program reached 188 at best, the earlier CPU-chosen two-row setting 113.
-TILES = dict(ROWS=1, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, EXP_SPLIT=0)
+TILES = dict(ROWS=1, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, EXP_SPLIT=0, AHEAD=0)
 # fp32 (the parity reference): smaller tiles, one stage (shared memory)
-FP32_TILES = dict(ROWS=2, BLOCK_M=32, BLOCK_N=32, num_stages=1, EXP_SPLIT=0)
+FP32_TILES = dict(ROWS=2, BLOCK_M=32, BLOCK_N=32, num_stages=1, EXP_SPLIT=0, AHEAD=0)
 
 
 def usable(q: torch.Tensor) -> bool:
@@ -208,6 +245,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     if launch["EXP_SPLIT"] not in (0, 1):
         raise ValueError(f"EXP_SPLIT={launch['EXP_SPLIT']}: 0 (every exponential on the special-function unit) "
                          "or 1 (every second key block's on the FMA pipes)")
+    if launch["AHEAD"] not in (0, 1) or (launch["AHEAD"] and (launch["ROWS"] != 1 or launch["EXP_SPLIT"])):
+        raise ValueError(f"AHEAD={launch['AHEAD']} with ROWS={launch['ROWS']}, EXP_SPLIT={launch['EXP_SPLIT']}: "
+                         "AHEAD is 0, or 1 with ROWS=1 and EXP_SPLIT=0")
     grid = (triton.cdiv(lq, launch["BLOCK_M"]), heads, triton.cdiv(rows, launch["ROWS"]))
     _attention_kernel[grid](
         q, *q.stride(), k, *k.stride(), v, *v.stride(), bias, *bias.stride(), o, *o.stride(),
