@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Call T (docs/benchmarks/planned/README.md): the Triton triangle attention with the bias as the first
-# dot's accumulator (2026-12-06), every launch setting of TRITON_GRID beside flex at N=2,048: TFLOP/s
-# and each setting's largest difference from flex's output.
+# Call T (docs/benchmarks/planned/README.md): the Triton triangle attention (the bias as the first dot's
+# accumulator; the next key block's dot issued ahead of the softmax, AHEAD; every second block's
+# exponentials on the FMA pipes, EXP_SPLIT), every launch setting of TRITON_GRID beside flex at N=2,048:
+# TFLOP/s and each setting's largest difference from flex's output.
 #   OUT=DIR bash docs/benchmarks/planned/call_t.sh
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
