@@ -54,10 +54,12 @@ OPTIONS = {
 # ops/triton_attention.py's launch settings tried by the ``triton`` cases (``triton_settings``: every
 # combination the kernel takes, so not AHEAD with EXP_SPLIT). On one H100, 2026-12-05, the two fastest of 32
 # settings ran 4 warps and 3 stages (194 and 188 TFLOP/s) and two rows per program were never faster
-# (2026-12-05/06). AHEAD issues the next key block's dot before this block's softmax; EXP_SPLIT takes
-# every second key block's exponentials on the FMA pipes.
-TRITON_GRID = {"ROWS": (1,), "BLOCK_M": (64, 128), "BLOCK_N": (32, 64, 128), "num_warps": (4,), "num_stages": (3,),
-               "AHEAD": (0, 1), "EXP_SPLIT": (0, 1)}
+# (2026-12-05/06). AHEAD issues the next key block's dot before this block's softmax; BIAS_MMA adds the
+# bias tile as eye·bias (a matmul operand, staged through shared memory). EXP_SPLIT=1 (every second key
+# block's exponentials on the FMA pipes) was slower in every setting on one H100 (2026-12-06,
+# docs/benchmarks/2026-12-06-h100-tattn2/): left out.
+TRITON_GRID = {"ROWS": (1,), "BLOCK_M": (64, 128), "BLOCK_N": (32, 64, 128), "num_warps": (4,), "num_stages": (2, 3, 4),
+               "AHEAD": (0, 1), "BIAS_MMA": (0, 1)}
 
 
 def triton_settings() -> list[dict]:

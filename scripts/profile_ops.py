@@ -3,6 +3,7 @@
     python scripts/profile_ops.py block --n 2048 --kernels flex torch [--kernel-rows 12] [--out FILE]
     python scripts/profile_ops.py train --n 2048 --blocks 2 --variant compiled [--lean] [--out FILE]
     python scripts/profile_ops.py passes --n 2048 --kernels flex flex+triton [--ncu PATH] [--out FILE]
+    python scripts/profile_ops.py limits NCU_RAW.csv[.gz] [--out FILE]
 
 Three modes; each prints one JSON line per measurement and writes them all to ``--out``. Neither
 is a cpbench point (no harness, no ``result.json``): they say where a point's time goes.
@@ -42,6 +43,11 @@ before each op. Per op: the kernels' DRAM bytes read and written (``dram__bytes_
 equivalent passes over z, ``(read + written) / bytes of z``, per kernel too; and the block's total.
 A block that reads and writes z once per op makes about 2 passes per op.
 
+``limits`` (no GPU): what bounds each kernel of an Nsight Compute raw CSV with the compute, warp-state
+and speed-of-light sections (``docs/benchmarks/planned/call_u.sh`` records one for triangle attention):
+issue slots used, the special-function (``xu``), tensor, FMA, ALU and load/store pipes, warps per
+scheduler, and the stall reasons in cycles per issued instruction, largest first.
+
 ``train``: one training step (forward, backward, AdamW) of the boltz2 trunk (trunk only: no MSA
 module, no recycling, no sampling) with ``--blocks`` blocks at ``--n`` tokens, cp=1, checkpointing
 on. One ``--variant`` per process (the kernel selection is process-wide):
@@ -68,6 +74,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import json
 import re
 import statistics
@@ -323,10 +330,10 @@ def passes_child(n_tokens: int, backend: str, warmup: int, device: torch.device,
           flush=True)
 
 
-def parse_ncu_csv(text: str) -> list[dict]:
+def parse_ncu_csv(text: str, metrics: tuple[str, ...] = NCU_METRICS) -> list[dict]:
     """The kernels of ``ncu --csv --page raw --print-units base`` output, in launch order:
-    ``{"name", <metric>: float}`` (bytes, nanoseconds); the program's own lines and ncu's units
-    row are skipped."""
+    ``{"name", <metric>: float}`` for each of ``metrics`` present (bytes, nanoseconds, percent);
+    the program's own lines and ncu's units row are skipped."""
     rows = list(csv.reader(line for line in text.splitlines() if line.startswith('"')))
     start = next((i for i, row in enumerate(rows) if "Kernel Name" in row), None)
     if start is None:
@@ -338,8 +345,39 @@ def parse_ncu_csv(text: str) -> list[dict]:
         if len(row) != len(header) or not rec.get("ID", "").strip().isdigit():
             continue  # the units row, or a line that is not a kernel
         kernels_found.append({"name": rec["Kernel Name"],
-                              **{m: float(rec[m].replace(",", "") or "nan") for m in NCU_METRICS if m in rec}})
+                              **{m: float(rec[m].replace(",", "") or "nan") for m in metrics if m in rec}})
     return kernels_found
+
+
+# What bounds a kernel (``limits``): issue slots, the pipes that compete for them, and each warp's stall
+# reasons (cycles stalled per issued instruction)
+LIMIT_METRICS = ("gpu__time_duration.sum", "smsp__issue_active.avg.pct_of_peak_sustained_active",
+                 "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
+                 "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
+                 "sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active",
+                 "sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active",
+                 "sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active",
+                 "smsp__warps_active.avg.per_cycle_active", "launch__registers_per_thread",
+                 "dram__cycles_active.avg.pct_of_peak_sustained_elapsed", "lts__throughput.avg.pct_of_peak_sustained_elapsed")
+STALL_PREFIX, STALL_SUFFIX = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
+
+
+def kernel_limits(text: str) -> list[dict]:
+    """Per kernel name (its last launch) of an ncu raw CSV with the ComputeWorkloadAnalysis,
+    WarpStateStats and SpeedOfLight sections (``docs/benchmarks/planned/call_u.sh``): ``LIMIT_METRICS``
+    under short names, and the stall reasons, largest first."""
+    header = next((row for row in csv.reader(line for line in text.splitlines() if line.startswith('"'))
+                   if "Kernel Name" in row), [])
+    stalls = tuple(h for h in header if h.startswith(STALL_PREFIX) and h.endswith(STALL_SUFFIX))
+    last = {k["name"]: k for k in parse_ncu_csv(text, LIMIT_METRICS + stalls)}
+    out = []
+    for name, k in last.items():
+        row = {"kernel": name[:60], "ms": round(k["gpu__time_duration.sum"] / 1e6, 3)}
+        row.update({m.split(".")[0]: round(k[m], 2) for m in LIMIT_METRICS[1:] if m in k})
+        stall = {h[len(STALL_PREFIX):-len(STALL_SUFFIX)]: round(k[h], 2) for h in stalls if k.get(h, 0) >= 0.05}
+        row["stalls_per_issue"] = dict(sorted(stall.items(), key=lambda kv: -kv[1]))
+        out.append(row)
+    return out
 
 
 def passes_per_op(kernel_list: list[dict], ops: list[str], z_bytes: int) -> dict:
@@ -454,6 +492,9 @@ def main() -> None:
     child = modes.add_parser("passes-child", parents=[common], help="(run by passes, under ncu)")
     child.add_argument("--kernels", nargs=1, required=True)
     child.add_argument("--warmup", type=int, default=1)
+    lim = modes.add_parser("limits", help="what bounds each kernel of an ncu raw CSV (call U's), no GPU")
+    lim.add_argument("csv", help="ncu --csv --page raw --print-units base output (.gz too)")
+    lim.add_argument("--out", default=None)
     trn = modes.add_parser("train", parents=[common], help="one training step of the trunk")
     trn.add_argument("--blocks", type=int, default=2)
     trn.add_argument("--variant", choices=("eager", "eager_block", "compiled", "compiled_triton"), default="compiled")
@@ -461,6 +502,16 @@ def main() -> None:
     trn.add_argument("--port", type=int, default=29533)
     trn.set_defaults(repeats=2)
     args = p.parse_args()
+    if args.mode == "limits":
+        opener = gzip.open if args.csv.endswith(".gz") else open
+        with opener(args.csv, "rt") as f:
+            rows = kernel_limits(f.read())
+        for row in rows:
+            print(json.dumps(row))
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(rows, f, indent=1)
+        return
     device = torch.device(args.device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", 0)

@@ -55,3 +55,23 @@ def test_a_missing_sentinel_is_an_error_not_a_misattribution():
 def test_output_without_ncu_csv_says_so():
     with pytest.raises(ValueError, match="no ncu CSV header"):
         profile_ops.parse_ncu_csv("==PROF== ERR_NVGPUCTRPERM - no permission\n")
+
+
+def test_limits_keep_each_kernels_last_launch_and_rank_its_stalls():
+    """``limits``: per kernel name its last launch's pipes and issue slots, the stall reasons largest
+    first, those under 0.05 cycles per issue left out."""
+    stall = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+    cols = ["ID", "Kernel Name", "gpu__time_duration.sum", "smsp__issue_active.avg.pct_of_peak_sustained_active",
+            "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
+            stall.format("long_scoreboard"), stall.format("wait"), stall.format("drain")]
+    rows = [["0", "flex_kernel", "3,000,000", "70.0", "50.0", "0.1", "0.9", "0.01"],
+            ["1", "_attention_kernel", "9,000,000", "10.0", "5.0", "0.2", "0.2", "0.0"],
+            ["2", "_attention_kernel", "3,400,000", "56.0", "44.0", "1.8", "1.6", "0.02"]]
+    text = "\n".join(["some output of the program", ",".join(f'"{c}"' for c in cols),
+                      ",".join(['""'] * 2 + ['"nsecond"', '"%"', '"%"', '""', '""', '""']),
+                      *(",".join(f'"{v}"' for v in row) for row in rows)])
+    flex, mine = profile_ops.kernel_limits(text)
+    assert (flex["kernel"], flex["ms"], flex["smsp__issue_active"]) == ("flex_kernel", 3.0, 70.0)
+    assert (mine["ms"], mine["sm__inst_executed_pipe_xu"]) == (3.4, 44.0)  # the last launch
+    assert list(mine["stalls_per_issue"].items()) == [("long_scoreboard", 1.8), ("wait", 1.6)]
+    assert list(flex["stalls_per_issue"]) == ["wait", "long_scoreboard"]

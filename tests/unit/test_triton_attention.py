@@ -115,8 +115,22 @@ def test_next_block_issued_ahead(lq, lk):
     torch.testing.assert_close(lse.double(), lse_ref, **TOL)
 
 
+@pytest.mark.parametrize("tiles", [dict(ROWS=1, AHEAD=0), dict(ROWS=2, AHEAD=0), dict(ROWS=1, AHEAD=1)],
+                         ids=["one-row", "two-rows", "ahead"])
+@pytest.mark.parametrize("lq, lk", [(64, 96), (37, 45)], ids=["blocks-divide", "ragged"])
+def test_bias_through_the_identity_matmul(tiles, lq, lk):
+    """``BIAS_MMA=1`` (the bias tile added as ``eye·bias`` on the tensor cores) computes the same
+    attention, to fp32's error: the identity's products are exact."""
+    q, k, v, bias = inputs(3, lq, lk)
+    o, lse = triton_attention.attention(q, k, v, bias, with_lse=True,
+                                        tiles=dict(BLOCK_M=16, BLOCK_N=16, num_stages=1, BIAS_MMA=1, **tiles))
+    o_ref, lse_ref = reference(q, k, v, bias)
+    torch.testing.assert_close(o.double(), o_ref, **TOL)
+    torch.testing.assert_close(lse.double(), lse_ref, **TOL)
+
+
 @pytest.mark.parametrize("tiles, match", [(dict(EXP_SPLIT=2), "EXP_SPLIT"), (dict(ROWS=2, AHEAD=1), "AHEAD"),
-                                          (dict(ROWS=1, EXP_SPLIT=1, AHEAD=1), "AHEAD")])
+                                          (dict(ROWS=1, EXP_SPLIT=1, AHEAD=1), "AHEAD"), (dict(BIAS_MMA=2), "BIAS_MMA")])
 def test_launch_settings_are_validated(tiles, match):
     q, k, v, bias = inputs(1, 16, 16)
     with pytest.raises(ValueError, match=match):

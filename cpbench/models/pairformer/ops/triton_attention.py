@@ -67,11 +67,16 @@ if HAS_TRITON:
         return (p.to(tl.int32, bitcast=True) + (j.to(tl.int32, bitcast=True) << 23)).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _scores(q, kt, bias, n_ok, EVEN_N: tl.constexpr, PREC: tl.constexpr):
-        """``q·kᵀ + bias`` of one key block, ``-inf`` past the keys: ``q [BLOCK_M, D]`` (already scaled by
-        ``1/√D``), ``kt [D, BLOCK_N]``, ``bias [BLOCK_M, BLOCK_N]`` fp32 (the dot's accumulator: the
-        tensor cores add it)."""
-        s = tl.dot(q, kt, bias, input_precision=PREC)
+    def _scores(q, kt, bias, eye, n_ok, EVEN_N: tl.constexpr, PREC: tl.constexpr, BIAS_MMA: tl.constexpr):
+        """``q·kᵀ + bias`` of one key block in fp32, ``-inf`` past the keys: ``q [BLOCK_M, D]`` (already
+        scaled by ``1/√D``), ``kt [D, BLOCK_N]``, ``bias [BLOCK_M, BLOCK_N]`` as loaded. The tensor
+        cores add the bias: as the dot's accumulator (converted to fp32), or with ``BIAS_MMA`` as the
+        product ``eye·bias`` (``eye [BLOCK_M, BLOCK_M]`` the identity: exact), which makes the bias
+        tile a matmul operand that Triton's pipeliner stages through shared memory ahead of its use."""
+        if BIAS_MMA:
+            s = tl.dot(q, kt, tl.dot(eye, bias, input_precision=PREC), input_precision=PREC)
+        else:
+            s = tl.dot(q, kt, bias.to(tl.float32), input_precision=PREC)
         if not EVEN_N:
             s = tl.where(n_ok[None, :], s, float("-inf"))
         return s
@@ -131,7 +136,8 @@ if HAS_TRITON:
                           n_rows, Lq, Lk, sm_scale,
                           D: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, HAS_LSE: tl.constexpr,
-                          PREC: tl.constexpr, EXP_SPLIT: tl.constexpr, AHEAD: tl.constexpr):
+                          PREC: tl.constexpr, EXP_SPLIT: tl.constexpr, AHEAD: tl.constexpr,
+                          BIAS_MMA: tl.constexpr):
         """Queries ``[pid0·BLOCK_M, +BLOCK_M)`` of head ``pid1`` for rows ``pid2·ROWS + (0, 1)``
         (``ROWS`` 1 or 2: one bias tile per key block serves both rows' dots).
 
@@ -142,7 +148,8 @@ if HAS_TRITON:
         second one's exponentials on the FMA pipes (``_exp2_fma``). ``AHEAD`` (``ROWS=1``,
         ``EXP_SPLIT=0``): the next key block's ``q·kᵀ`` is issued before this block's softmax, so
         that (compiled for sm_90) its wgmma runs while the softmax's exponentials issue, instead of
-        being waited for as soon as it is issued. 64-bit offsets only in
+        being waited for as soon as it is issued. ``BIAS_MMA``: the bias tile enters the scores as
+        ``eye·bias`` (see ``_scores``). 64-bit offsets only in
         the program's scalar bases; within a tile 32-bit (queries < BLOCK_M, keys < Lk, channels <
         D: each term far below 2**31 elements)."""
         h = tl.program_id(1).to(tl.int64)
@@ -168,17 +175,18 @@ if HAS_TRITON:
             l_b = tl.zeros((BLOCK_M,), dtype=tl.float32)
             acc_b = tl.zeros((BLOCK_M, D), dtype=tl.float32)
         b_rows = b_base + ml[:, None] * b1
+        eye = (ml[:, None] == ml[None, :]).to(q_dtype) if BIAS_MMA else qa  # [BLOCK_M, BLOCK_M] (unused without)
         if AHEAD:
             # one row (ROWS=1): each step issues the next key block's dot, then the previous block's
             # softmax (the dot runs on the tensor cores meanwhile); the last block's softmax after the loop
             n_ok = (nl < Lk) | EVEN_N
-            bias = _bias_tile(b_rows, nl, b2, m_ok, n_ok, EVEN_M, EVEN_N).to(tl.float32)
-            s = _scores(qa, _kt(k_base, nl, n_ok, k2, k3, d, EVEN_N), bias, n_ok, EVEN_N, PREC)
+            bias = _bias_tile(b_rows, nl, b2, m_ok, n_ok, EVEN_M, EVEN_N)
+            s = _scores(qa, _kt(k_base, nl, n_ok, k2, k3, d, EVEN_N), bias, eye, n_ok, EVEN_N, PREC, BIAS_MMA)
             for n0 in range(BLOCK_N, Lk, BLOCK_N):
                 n = n0 + nl
                 n_ok = (n < Lk) | EVEN_N
-                bias = _bias_tile(b_rows, n, b2, m_ok, n_ok, EVEN_M, EVEN_N).to(tl.float32)
-                s_next = _scores(qa, _kt(k_base, n, n_ok, k2, k3, d, EVEN_N), bias, n_ok, EVEN_N, PREC)
+                bias = _bias_tile(b_rows, n, b2, m_ok, n_ok, EVEN_M, EVEN_N)
+                s_next = _scores(qa, _kt(k_base, n, n_ok, k2, k3, d, EVEN_N), bias, eye, n_ok, EVEN_N, PREC, BIAS_MMA)
                 v = _v(v_base, n - BLOCK_N, n_ok, v2, v3, d, True)  # the previous block: no key past Lk
                 m_a, l_a, acc_a = _softmax_step(s, v, m_a, l_a, acc_a, PREC, False)
                 s = s_next
@@ -190,13 +198,13 @@ if HAS_TRITON:
                 for half in tl.static_range(1 + EXP_SPLIT):
                     n = n0 + half * BLOCK_N + nl
                     n_ok = (n < Lk) | EVEN_N
-                    bias = _bias_tile(b_rows, n, b2, m_ok, n_ok, EVEN_M, EVEN_N).to(tl.float32)  # [BLOCK_M, BLOCK_N]
-                    s = _scores(qa, _kt(k_base, n, n_ok, k2, k3, d, EVEN_N), bias, n_ok, EVEN_N, PREC)
+                    bias = _bias_tile(b_rows, n, b2, m_ok, n_ok, EVEN_M, EVEN_N)  # [BLOCK_M, BLOCK_N]
+                    s = _scores(qa, _kt(k_base, n, n_ok, k2, k3, d, EVEN_N), bias, eye, n_ok, EVEN_N, PREC, BIAS_MMA)
                     m_a, l_a, acc_a = _softmax_step(s, _v(v_base, n, n_ok, v2, v3, d, EVEN_N), m_a, l_a, acc_a,
                                                     PREC, half == 1)
                     if ROWS == 2:
                         kt = _kt(k_base + k0, n, n_ok & two, k2, k3, d, False)
-                        s = _scores(qb, kt, bias, n_ok, EVEN_N, PREC)
+                        s = _scores(qb, kt, bias, eye, n_ok, EVEN_N, PREC, BIAS_MMA)
                         m_b, l_b, acc_b = _softmax_step(s, _v(v_base + v0, n, n_ok & two, v2, v3, d, False),
                                                         m_b, l_b, acc_b, PREC, half == 1)
         o_off = ml[:, None] * o2 + d[None, :] * o3
@@ -212,9 +220,9 @@ if HAS_TRITON:
 # keys per step. Measured on one H100 at N=2,048, 256 rows (scripts/flex_microbench.py --cases
 # triton, 2026-12-05: docs/benchmarks/2026-12-05-h100-triton/tattn.json): 194 TFLOP/s, against
 # 204 for flex; two rows per program reached 188 at best, the earlier CPU-chosen two-row setting 113.
-TILES = dict(ROWS=1, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, EXP_SPLIT=0, AHEAD=0)
+TILES = dict(ROWS=1, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, EXP_SPLIT=0, AHEAD=0, BIAS_MMA=0)
 # fp32 (the parity reference): smaller tiles, one stage (shared memory)
-FP32_TILES = dict(ROWS=2, BLOCK_M=32, BLOCK_N=32, num_stages=1, EXP_SPLIT=0, AHEAD=0)
+FP32_TILES = dict(ROWS=2, BLOCK_M=32, BLOCK_N=32, num_stages=1, EXP_SPLIT=0, AHEAD=0, BIAS_MMA=0)
 
 
 def usable(q: torch.Tensor) -> bool:
@@ -248,6 +256,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     if launch["AHEAD"] not in (0, 1) or (launch["AHEAD"] and (launch["ROWS"] != 1 or launch["EXP_SPLIT"])):
         raise ValueError(f"AHEAD={launch['AHEAD']} with ROWS={launch['ROWS']}, EXP_SPLIT={launch['EXP_SPLIT']}: "
                          "AHEAD is 0, or 1 with ROWS=1 and EXP_SPLIT=0")
+    if launch["BIAS_MMA"] not in (0, 1):
+        raise ValueError(f"BIAS_MMA={launch['BIAS_MMA']}: 0 (the bias as the dot's accumulator) or 1 (as eye·bias)")
     grid = (triton.cdiv(lq, launch["BLOCK_M"]), heads, triton.cdiv(rows, launch["ROWS"]))
     _attention_kernel[grid](
         q, *q.stride(), k, *k.stride(), v, *v.stride(), bias, *bias.stride(), o, *o.stride(),
