@@ -51,25 +51,12 @@ OPTIONS = {
     "m128_n32_w4_s3": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
 }
 
-# ops/triton_attention.py's launch settings tried by the ``triton`` cases (``triton_settings``: every
-# combination the kernel takes, so not AHEAD with EXP_SPLIT). On one H100, 2026-12-05, the two fastest of 32
-# settings ran 4 warps and 3 stages (194 and 188 TFLOP/s) and two rows per program were never faster
-# (2026-12-05/06). AHEAD issues the next key block's dot before this block's softmax; BIAS_MMA adds the
-# bias tile as eye·bias (a matmul operand, staged through shared memory). EXP_SPLIT=1 (every second key
-# block's exponentials on the FMA pipes) was slower in every setting on one H100 (2026-12-06,
-# docs/benchmarks/2026-12-06-h100-tattn2/): left out.
-TRITON_GRID = {"ROWS": (1,), "BLOCK_M": (64, 128), "BLOCK_N": (32, 64, 128), "num_warps": (4,), "num_stages": (2, 3, 4),
-               "AHEAD": (0, 1), "BIAS_MMA": (0, 1)}
-
-
-def triton_settings() -> list[dict]:
-    """Each combination of ``TRITON_GRID`` that ``triton_attention.attention`` takes."""
-    import itertools
-
-    combos = (dict(zip(TRITON_GRID, values)) for values in itertools.product(*TRITON_GRID.values()))
-    return [c for c in combos if not (c.get("AHEAD") and (c.get("EXP_SPLIT") or c.get("ROWS", 1) != 1))]
-
-
+# ops/triton_attention.py's launch settings tried by the ``triton`` cases (all combinations)
+# (on one H100, 2026-12-05, the two fastest of 32 settings ran 4 warps and 3 stages: 194 and 188 TFLOP/s;
+# 2 and 4 stages, the next key block's dot issued ahead of the softmax, the bias staged through shared
+# memory as a matmul operand and half the exponentials on the FMA pipes were slower still on one H100,
+# 2026-12-06: docs/benchmarks/2026-12-06-h100-tattn2/)
+TRITON_GRID = {"ROWS": (1, 2), "BLOCK_M": (64, 128), "BLOCK_N": (32, 64, 128), "num_warps": (4,), "num_stages": (3,)}
 CEILING_TFLOPS = 774.0  # bf16 8192^3 matmul on one H200 (docs/perf_notes.md, "Measured ceilings")
 
 
@@ -137,6 +124,8 @@ def option_cases(n: int, rows: int, device: torch.device, dtype: torch.dtype, re
 def triton_cases(n: int, rows: int, device: torch.device, dtype: torch.dtype, repeats: int, grid: bool = True):
     """(case, ms or error, largest |difference| from flex's output) per launch setting: the default
     ``TILES``, then (``grid``) each setting of ``TRITON_GRID``."""
+    import itertools
+
     qkvg = torch.randn(rows, n, 4, HEADS, HEAD_DIM, device=device, dtype=dtype)
     q, k, v = (t.transpose(1, 2) for t in qkvg.unbind(2)[:3])  # [rows, h, N, d] views, as the model has them
     bias = torch.randn(HEADS, n, n, device=device, dtype=dtype)
@@ -144,7 +133,8 @@ def triton_cases(n: int, rows: int, device: torch.device, dtype: torch.dtype, re
     with torch.no_grad():
         want = run(q, k, v, bias).float()
     yield "triton/flex_static", time_ms(lambda: run(q, k, v, bias), device, repeats=repeats), 0.0
-    settings = [None] + (triton_settings() if grid else [])
+    settings = [None] + ([dict(zip(TRITON_GRID, values)) for values in itertools.product(*TRITON_GRID.values())]
+                         if grid else [])
     for tiles in settings:
         name = "default" if tiles is None else "_".join(f"{key}{val}" for key, val in tiles.items())
         try:

@@ -41,7 +41,7 @@ import torch
 os.environ.pop("TRITON_INTERPRET", None)  # the kernels must be JIT functions, not interpreted ones
 
 import triton  # noqa: E402
-from flex_microbench import triton_settings  # noqa: E402 -- scripts/, first on the path of a script
+from flex_microbench import TRITON_GRID  # noqa: E402 -- scripts/, first on the path of a script
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
@@ -149,12 +149,10 @@ def settings(name: str, grid: bool) -> list[dict | None]:
     """``None`` (the table's own setting), then with ``grid`` each alternative."""
     if not grid:
         return [None]
-    if name == "attention":
-        return [None, *triton_settings()]
-    space = dict(GRID)
+    space = TRITON_GRID if name == "attention" else dict(GRID)
     table, key = tables(name)
     for step in ("BLOCK_N", "BLOCK_H"):
-        if step in table[key]:
+        if name != "attention" and step in table[key]:
             space[step] = STEPS
     return [None] + [dict(zip(space, values)) for values in itertools.product(*space.values())]
 

@@ -30,7 +30,15 @@ every setting there (54-135 TFLOP/s). (Also tried, on the CPU's compiler:
 ``ex2.approx.ftz.bf16x2``, two exponentials per instruction, which ptxas lowers for sm_90 to one
 ``MUFU.EX2.BF16`` per score and more unpacking, 373 instructions. A batched 3D ``tl.dot`` over
 more rows was tried first: compiled for sm_90 it ran on ``mma.sync`` and spilled registers at
-64-query blocks and up.) The output is written
+64-query blocks and up.) Nsight Compute on one H100 (2026-12-06,
+``docs/benchmarks/2026-12-06-h100-tattn2/``) says why: flex's kernel fills 76.6 % of the issue
+slots, this one 56 %, its warps waiting on the bias tile's global loads (the accumulator is loaded
+into registers, which Triton's pipeliner does not stage ahead); neither is bound by the
+special-function unit (44-50 %) or the tensor cores (21-23 %). Three variants tried there, each
+slower in every setting than this kernel: the next key block's dot issued before this block's
+softmax (its wgmma then overlaps the exponentials, but the second score tile costs registers), the
+bias added as ``eye·bias`` (a matmul operand, staged through shared memory: no global load left in
+the loop), and every second key block's exponentials by a cubic on the FMA pipes. The output is written
 through its strides, so the caller can take it in the ``[rows, N, heads · D]`` layout of the gated
 output without a transposing copy (``attention``'s result is a ``[rows, heads, N, D]`` view of
 that), and the kernel can return each query's log-sum-exp (natural log, fp32) for the 2d ring.
@@ -54,66 +62,22 @@ if HAS_TRITON:
     import triton.language as tl
 
     @triton.jit
-    def _exp2_fma(x):
-        """``2**x`` for ``x ≤ 0`` on the FMA and integer pipes instead of the special-function unit
-        (relative error ≤ 1.1e-4, below bf16's 3.9e-3; ``2**-126`` for ``x ≤ -126``, ``-inf``
-        included): ``x = k + f`` with ``k = round(x)`` (adding ``1.5·2**23`` leaves ``k`` in the sum's
-        low mantissa bits), ``f`` in ``[-0.5, 0.5]``, ``2**f`` by a cubic fitted to its relative error,
-        and ``k`` added to the result's exponent bits."""
-        x = tl.maximum(x, -126.0)
-        j = x + 12582912.0
-        f = x - (j - 12582912.0)
-        p = ((0.05500820 * f + 0.24220941) * f + 0.69328284) * f + 1.0
-        return (p.to(tl.int32, bitcast=True) + (j.to(tl.int32, bitcast=True) << 23)).to(tl.float32, bitcast=True)
-
-    @triton.jit
-    def _scores(q, kt, bias, eye, n_ok, EVEN_N: tl.constexpr, PREC: tl.constexpr, BIAS_MMA: tl.constexpr):
-        """``q·kᵀ + bias`` of one key block in fp32, ``-inf`` past the keys: ``q [BLOCK_M, D]`` (already
-        scaled by ``1/√D``), ``kt [D, BLOCK_N]``, ``bias [BLOCK_M, BLOCK_N]`` as loaded. The tensor
-        cores add the bias: as the dot's accumulator (converted to fp32), or with ``BIAS_MMA`` as the
-        product ``eye·bias`` (``eye [BLOCK_M, BLOCK_M]`` the identity: exact), which makes the bias
-        tile a matmul operand that Triton's pipeliner stages through shared memory ahead of its use."""
-        if BIAS_MMA:
-            s = tl.dot(q, kt, tl.dot(eye, bias, input_precision=PREC), input_precision=PREC)
-        else:
-            s = tl.dot(q, kt, bias.to(tl.float32), input_precision=PREC)
+    def _online_step(q, kt, v, bias, n_ok, m_i, l_i, acc, EVEN_N: tl.constexpr, PREC: tl.constexpr):
+        """One key block of one row's online softmax, in natural-log units: ``q [BLOCK_M, D]`` (already
+        scaled by ``1/√D``), ``kt [D, BLOCK_N]``, ``v [BLOCK_N, D]``, ``bias [BLOCK_M, BLOCK_N]`` fp32
+        (the dot's accumulator: the tensor cores add it). ``exp2`` takes ``s·log2(e) - m·log2(e)``, one
+        fused multiply-add per score. Returns the new ``(m, l, acc)``."""
+        LOG2E: tl.constexpr = 1.4426950408889634
+        s = tl.dot(q, kt, bias, input_precision=PREC)
         if not EVEN_N:
             s = tl.where(n_ok[None, :], s, float("-inf"))
-        return s
-
-    @triton.jit
-    def _softmax_step(s, v, m_i, l_i, acc, PREC: tl.constexpr, FMA_EXP: tl.constexpr):
-        """One key block of one row's online softmax, in natural-log units: scores ``s [BLOCK_M,
-        BLOCK_N]`` fp32, ``v [BLOCK_N, D]``. The exponent ``s·log2(e) - m·log2(e)`` is one fused
-        multiply-add per score; ``FMA_EXP``: the scores' ``2**x`` by ``_exp2_fma``, else ``exp2`` (the
-        special-function unit). Returns the new ``(m, l, acc)``."""
-        LOG2E: tl.constexpr = 1.4426950408889634
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_log2 = m_new * LOG2E
         alpha = tl.exp2(m_i * LOG2E - m_log2)
-        if FMA_EXP:
-            p = _exp2_fma(s * LOG2E - m_log2[:, None])
-        else:
-            p = tl.exp2(s * LOG2E - m_log2[:, None])
+        p = tl.exp2(s * LOG2E - m_log2[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         return m_new, l_i, acc
-
-    @triton.jit
-    def _kt(k_base, n, n_ok, k2, k3, d, EVEN_N: tl.constexpr):
-        """One key block's ``kt [D, BLOCK_N]`` (zeros past the keys)."""
-        if EVEN_N:
-            return tl.load(k_base + n[None, :] * k2 + d[:, None] * k3)
-        else:
-            return tl.load(k_base + n[None, :] * k2 + d[:, None] * k3, mask=n_ok[None, :], other=0.0)
-
-    @triton.jit
-    def _v(v_base, n, n_ok, v2, v3, d, EVEN_N: tl.constexpr):
-        """One key block's ``v [BLOCK_N, D]`` (zeros past the keys)."""
-        if EVEN_N:
-            return tl.load(v_base + n[:, None] * v2 + d[None, :] * v3)
-        else:
-            return tl.load(v_base + n[:, None] * v2 + d[None, :] * v3, mask=n_ok[:, None], other=0.0)
 
     @triton.jit
     def _finish(o_ptr, o_off, lse_ptr, l_off, ok, m_i, l_i, acc, HAS_LSE: tl.constexpr):
@@ -136,20 +100,13 @@ if HAS_TRITON:
                           n_rows, Lq, Lk, sm_scale,
                           D: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, HAS_LSE: tl.constexpr,
-                          PREC: tl.constexpr, EXP_SPLIT: tl.constexpr, AHEAD: tl.constexpr,
-                          BIAS_MMA: tl.constexpr):
+                          PREC: tl.constexpr):
         """Queries ``[pid0·BLOCK_M, +BLOCK_M)`` of head ``pid1`` for rows ``pid2·ROWS + (0, 1)``
         (``ROWS`` 1 or 2: one bias tile per key block serves both rows' dots).
 
         ``q`` is scaled by ``1/√D`` once, as it is loaded (rounded to its own dtype), so the scores
         are ``q·k + bias`` with the bias as the dot's accumulator. ``EVEN_M`` / ``EVEN_N``: ``Lq`` /
-        ``Lk`` are multiples of the blocks (keys: of ``(1 + EXP_SPLIT)`` blocks), so no load or score is
-        masked. ``EXP_SPLIT`` (0 or 1): each step of the loop takes ``1 + EXP_SPLIT`` key blocks, the
-        second one's exponentials on the FMA pipes (``_exp2_fma``). ``AHEAD`` (``ROWS=1``,
-        ``EXP_SPLIT=0``): the next key block's ``q·kᵀ`` is issued before this block's softmax, so
-        that (compiled for sm_90) its wgmma runs while the softmax's exponentials issue, instead of
-        being waited for as soon as it is issued. ``BIAS_MMA``: the bias tile enters the scores as
-        ``eye·bias`` (see ``_scores``). 64-bit offsets only in
+        ``Lk`` are multiples of the blocks, so no load or score is masked. 64-bit offsets only in
         the program's scalar bases; within a tile 32-bit (queries < BLOCK_M, keys < Lk, channels <
         D: each term far below 2**31 elements)."""
         h = tl.program_id(1).to(tl.int64)
@@ -175,38 +132,23 @@ if HAS_TRITON:
             l_b = tl.zeros((BLOCK_M,), dtype=tl.float32)
             acc_b = tl.zeros((BLOCK_M, D), dtype=tl.float32)
         b_rows = b_base + ml[:, None] * b1
-        eye = (ml[:, None] == ml[None, :]).to(q_dtype) if BIAS_MMA else qa  # [BLOCK_M, BLOCK_M] (unused without)
-        if AHEAD:
-            # one row (ROWS=1): each step issues the next key block's dot, then the previous block's
-            # softmax (the dot runs on the tensor cores meanwhile); the last block's softmax after the loop
-            n_ok = (nl < Lk) | EVEN_N
-            bias = _bias_tile(b_rows, nl, b2, m_ok, n_ok, EVEN_M, EVEN_N)
-            s = _scores(qa, _kt(k_base, nl, n_ok, k2, k3, d, EVEN_N), bias, eye, n_ok, EVEN_N, PREC, BIAS_MMA)
-            for n0 in range(BLOCK_N, Lk, BLOCK_N):
-                n = n0 + nl
-                n_ok = (n < Lk) | EVEN_N
-                bias = _bias_tile(b_rows, n, b2, m_ok, n_ok, EVEN_M, EVEN_N)
-                s_next = _scores(qa, _kt(k_base, n, n_ok, k2, k3, d, EVEN_N), bias, eye, n_ok, EVEN_N, PREC, BIAS_MMA)
-                v = _v(v_base, n - BLOCK_N, n_ok, v2, v3, d, True)  # the previous block: no key past Lk
-                m_a, l_a, acc_a = _softmax_step(s, v, m_a, l_a, acc_a, PREC, False)
-                s = s_next
-            n = ((Lk - 1) // BLOCK_N) * BLOCK_N + nl
-            v = _v(v_base, n, n < Lk, v2, v3, d, EVEN_N)
-            m_a, l_a, acc_a = _softmax_step(s, v, m_a, l_a, acc_a, PREC, False)
-        else:
-            for n0 in range(0, Lk, BLOCK_N * (1 + EXP_SPLIT)):
-                for half in tl.static_range(1 + EXP_SPLIT):
-                    n = n0 + half * BLOCK_N + nl
-                    n_ok = (n < Lk) | EVEN_N
-                    bias = _bias_tile(b_rows, n, b2, m_ok, n_ok, EVEN_M, EVEN_N)  # [BLOCK_M, BLOCK_N]
-                    s = _scores(qa, _kt(k_base, n, n_ok, k2, k3, d, EVEN_N), bias, eye, n_ok, EVEN_N, PREC, BIAS_MMA)
-                    m_a, l_a, acc_a = _softmax_step(s, _v(v_base, n, n_ok, v2, v3, d, EVEN_N), m_a, l_a, acc_a,
-                                                    PREC, half == 1)
-                    if ROWS == 2:
-                        kt = _kt(k_base + k0, n, n_ok & two, k2, k3, d, False)
-                        s = _scores(qb, kt, bias, eye, n_ok, EVEN_N, PREC, BIAS_MMA)
-                        m_b, l_b, acc_b = _softmax_step(s, _v(v_base + v0, n, n_ok & two, v2, v3, d, False),
-                                                        m_b, l_b, acc_b, PREC, half == 1)
+        for n0 in range(0, Lk, BLOCK_N):
+            n = n0 + nl
+            n_ok = (n < Lk) | EVEN_N
+            kt_off = n[None, :] * k2 + d[:, None] * k3  # [D, BLOCK_N]
+            v_off = n[:, None] * v2 + d[None, :] * v3   # [BLOCK_N, D]
+            bias = _bias_tile(b_rows, n, b2, m_ok, n_ok, EVEN_M, EVEN_N).to(tl.float32)  # [BLOCK_M, BLOCK_N]
+            if EVEN_N:
+                kt = tl.load(k_base + kt_off)
+                v = tl.load(v_base + v_off)
+            else:
+                kt = tl.load(k_base + kt_off, mask=n_ok[None, :], other=0.0)
+                v = tl.load(v_base + v_off, mask=n_ok[:, None], other=0.0)
+            m_a, l_a, acc_a = _online_step(qa, kt, v, bias, n_ok, m_a, l_a, acc_a, EVEN_N, PREC)
+            if ROWS == 2:
+                kt = tl.load(k_base + k0 + kt_off, mask=n_ok[None, :] & two, other=0.0)
+                v = tl.load(v_base + v0 + v_off, mask=n_ok[:, None] & two, other=0.0)
+                m_b, l_b, acc_b = _online_step(qb, kt, v, bias, n_ok, m_b, l_b, acc_b, EVEN_N, PREC)
         o_off = ml[:, None] * o2 + d[None, :] * o3
         l_off = ml * l2
         _finish(o_ptr + (r0 * o0 + h * o1 + m0 * o2), o_off, lse_ptr + (r0 * l0 + h * l1 + m0 * l2), l_off, m_ok,
@@ -220,9 +162,9 @@ if HAS_TRITON:
 # keys per step. Measured on one H100 at N=2,048, 256 rows (scripts/flex_microbench.py --cases
 # triton, 2026-12-05: docs/benchmarks/2026-12-05-h100-triton/tattn.json): 194 TFLOP/s, against
 # 204 for flex; two rows per program reached 188 at best, the earlier CPU-chosen two-row setting 113.
-TILES = dict(ROWS=1, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, EXP_SPLIT=0, AHEAD=0, BIAS_MMA=0)
+TILES = dict(ROWS=1, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
 # fp32 (the parity reference): smaller tiles, one stage (shared memory)
-FP32_TILES = dict(ROWS=2, BLOCK_M=32, BLOCK_N=32, num_stages=1, EXP_SPLIT=0, AHEAD=0, BIAS_MMA=0)
+FP32_TILES = dict(ROWS=2, BLOCK_M=32, BLOCK_N=32, num_stages=1)
 
 
 def usable(q: torch.Tensor) -> bool:
@@ -250,19 +192,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     launch = {**TILES, **(FP32_TILES if q.dtype == torch.float32 else {}), **(tiles or {})}
     if launch["ROWS"] not in (1, 2):
         raise ValueError(f"ROWS={launch['ROWS']}: the kernel shares a bias tile between 1 or 2 rows")
-    if launch["EXP_SPLIT"] not in (0, 1):
-        raise ValueError(f"EXP_SPLIT={launch['EXP_SPLIT']}: 0 (every exponential on the special-function unit) "
-                         "or 1 (every second key block's on the FMA pipes)")
-    if launch["AHEAD"] not in (0, 1) or (launch["AHEAD"] and (launch["ROWS"] != 1 or launch["EXP_SPLIT"])):
-        raise ValueError(f"AHEAD={launch['AHEAD']} with ROWS={launch['ROWS']}, EXP_SPLIT={launch['EXP_SPLIT']}: "
-                         "AHEAD is 0, or 1 with ROWS=1 and EXP_SPLIT=0")
-    if launch["BIAS_MMA"] not in (0, 1):
-        raise ValueError(f"BIAS_MMA={launch['BIAS_MMA']}: 0 (the bias as the dot's accumulator) or 1 (as eye·bias)")
     grid = (triton.cdiv(lq, launch["BLOCK_M"]), heads, triton.cdiv(rows, launch["ROWS"]))
     _attention_kernel[grid](
         q, *q.stride(), k, *k.stride(), v, *v.stride(), bias, *bias.stride(), o, *o.stride(),
         lse, *(lse.stride() if with_lse else (0, 0, 0)),
         rows, lq, lk, 1.0 / math.sqrt(d), D=d, HAS_LSE=with_lse,
-        EVEN_M=lq % launch["BLOCK_M"] == 0, EVEN_N=lk % (launch["BLOCK_N"] * (1 + launch["EXP_SPLIT"])) == 0,
+        EVEN_M=lq % launch["BLOCK_M"] == 0, EVEN_N=lk % launch["BLOCK_N"] == 0,
         PREC="ieee" if q.dtype == torch.float32 else "tf32", **launch)
     return (o, lse) if with_lse else o
