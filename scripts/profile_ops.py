@@ -492,7 +492,7 @@ def main() -> None:
     child = modes.add_parser("passes-child", parents=[common], help="(run by passes, under ncu)")
     child.add_argument("--kernels", nargs=1, required=True)
     child.add_argument("--warmup", type=int, default=1)
-    lim = modes.add_parser("limits", help="what bounds each kernel of an ncu raw CSV (call U's), no GPU")
+    lim = modes.add_parser("limits", help="what bounds each kernel of an ncu raw CSV (docs/benchmarks/planned/call_u.sh), no GPU")
     lim.add_argument("csv", help="ncu --csv --page raw --print-units base output (.gz too)")
     lim.add_argument("--out", default=None)
     trn = modes.add_parser("train", parents=[common], help="one training step of the trunk")
