@@ -58,7 +58,9 @@ on. One ``--variant`` per process (the kernel selection is process-wide):
   in recompute;
 * ``compiled``: ``kernels=flex`` with ``compile_training=True`` (the default training path on CUDA);
 * ``compiled_triton``: the same with ``model.passes=triton`` (the Triton passes and their Triton
-  backward, ``ops/triton_backward.py``).
+  backward, ``ops/triton_backward.py``);
+* ``compiled_block``, ``compiled_triton_block``: those two with only the block checkpointed (each
+  op's forward runs twice a step, not three times; the backward holds one block's activations).
 
 ``--lean`` runs the step under the lean chunk budgets of a probe's fitting point. Reported: the
 first step (compilation included) and ``compile_s``, the median of ``--repeats`` further steps,
@@ -106,6 +108,8 @@ OP_FLOPS = {"tri_mul_out": "triangle_mult_out", "tri_mul_in": "triangle_mult_in"
 KINDS = (
     ("triton_pass", r"(_norm_linear_kernel|_triangle_operands_kernel|_triangle_update_kernel|_gated_output_kernel"
                     r"|_swiglu_kernel)"),  # ops/triton_passes.py
+    ("triton_pass_backward", r"^_(norm_linear|triangle_operands|triangle_update|gated_output|swiglu)_bwd"),
+    # ops/triton_backward.py
     ("attention_backward", r"(cutlassB|attention_backward|AttentionBackward|_bwd|flex_attention_backward|dq_dk|dkdv)"),
     ("attention_forward", r"(?i)(fmha|flash|attention|cudnn.*sdpa|flex|triton_tem_fused)"),
     ("gemm", r"(?i)(gemm|cutlass|sm90_xmma|nvjet|cublas|matmul|ampere_.*_s16816)"),
@@ -427,11 +431,11 @@ def profile_training(n_tokens: int, blocks: int, variant: str, repeats: int, lea
                      dtype: str = "bf16", port: int = 29533) -> dict:
     """Training steps of the trunk at ``n_tokens`` under ``variant`` (module docstring: ``train``)."""
     mesh = one_rank_mesh(device, port)
-    if variant == "eager_block":  # the block checkpointed, its ops not
+    if variant.endswith("_block"):  # the block checkpointed, its ops not
         block_module.op_runner = lambda z, layout, checkpoint_ops: (lambda op, *a: op(*a))
     compiled = variant.startswith("compiled")
     workflow = dict(TRUNK_ONLY, checkpointing=True, compile_training=compiled,
-                    passes="triton" if variant == "compiled_triton" else "inductor")
+                    passes="triton" if variant.startswith("compiled_triton") else "inductor")
     backend = "flex" if compiled else "torch"
     adapter, model, batch = trunk_setup(n_tokens, blocks, backend, mesh, device, dtype=dtype, workflow=workflow)
     row = dict(mode="train", variant=variant, N=n_tokens, blocks=blocks, lean=lean, dtype=dtype,
@@ -497,7 +501,8 @@ def main() -> None:
     lim.add_argument("--out", default=None)
     trn = modes.add_parser("train", parents=[common], help="one training step of the trunk")
     trn.add_argument("--blocks", type=int, default=2)
-    trn.add_argument("--variant", choices=("eager", "eager_block", "compiled", "compiled_triton"), default="compiled")
+    trn.add_argument("--variant", default="compiled",
+                     choices=("eager", "eager_block", "compiled", "compiled_block", "compiled_triton", "compiled_triton_block"))
     trn.add_argument("--lean", action="store_true", help="lean chunk budgets (what a probe's fitting point runs)")
     trn.add_argument("--port", type=int, default=29533)
     trn.set_defaults(repeats=2)
