@@ -106,7 +106,8 @@ MIN_REPEATS = 5
 
 # The reference trunk's switches and what each allows once resolved (cuda_graphs=auto is resolved
 # by resolve_point first; a typo such as model.cuda_graphs=yes would otherwise read as true).
-PAIRFORMER_FLAGS = {"compile_training": "true or false", "cuda_graphs": "true or false or auto"}
+PAIRFORMER_FLAGS = {"compile_training": "true or false", "cuda_graphs": "true or false or auto",
+                    "checkpoint_ops": "true or false"}
 
 
 class ConfigError(ValueError):

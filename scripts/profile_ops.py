@@ -54,12 +54,13 @@ on. One ``--variant`` per process (the kernel selection is process-wide):
 
 * ``eager``: ``kernels=torch`` ops under autograd (SDPA with the expanded bias), each block
   checkpointed with its ops checkpointed inside (``model.compile_training=false``);
-* ``eager_block``: the same with only the block checkpointed: what the nested checkpoints cost
+* ``eager_block``: the same with only the block checkpointed (``model.checkpoint_ops=false``): what the nested checkpoints cost
   in recompute;
 * ``compiled``: ``kernels=flex`` with ``compile_training=True`` (the default training path on CUDA);
 * ``compiled_triton``: the same with ``model.passes=triton`` (the Triton passes and their Triton
   backward, ``ops/triton_backward.py``);
-* ``compiled_block``, ``compiled_triton_block``: those two with only the block checkpointed (each
+* ``compiled_block``, ``compiled_triton_block``: those two with only the block checkpointed
+  (``model.checkpoint_ops=false``: each
   op's forward runs twice a step, not three times; the backward holds one block's activations).
 
 ``--lean`` runs the step under the lean chunk budgets of a probe's fitting point. Reported: the
@@ -91,7 +92,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from cpbench.models.fills import FILLS
 from cpbench.models.pairformer.flops import PairformerSizes, block_flops
-from cpbench.models.pairformer.modules import block as block_module
 from cpbench.models.pairformer.modules.block import PairformerBlock, chunk_context
 from cpbench.models.pairformer.ops import kernels
 from cpbench.models.pairformer.parallel.layout import Layout, serial_layout
@@ -431,11 +431,10 @@ def profile_training(n_tokens: int, blocks: int, variant: str, repeats: int, lea
                      dtype: str = "bf16", port: int = 29533) -> dict:
     """Training steps of the trunk at ``n_tokens`` under ``variant`` (module docstring: ``train``)."""
     mesh = one_rank_mesh(device, port)
-    if variant.endswith("_block"):  # the block checkpointed, its ops not
-        block_module.op_runner = lambda z, layout, checkpoint_ops: (lambda op, *a: op(*a))
     compiled = variant.startswith("compiled")
     workflow = dict(TRUNK_ONLY, checkpointing=True, compile_training=compiled,
-                    passes="triton" if variant.startswith("compiled_triton") else "inductor")
+                    passes="triton" if variant.startswith("compiled_triton") else "inductor",
+                    checkpoint_ops=not variant.endswith("_block"))  # _block: model.checkpoint_ops=false
     backend = "flex" if compiled else "torch"
     adapter, model, batch = trunk_setup(n_tokens, blocks, backend, mesh, device, dtype=dtype, workflow=workflow)
     row = dict(mode="train", variant=variant, N=n_tokens, blocks=blocks, lean=lean, dtype=dtype,

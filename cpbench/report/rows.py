@@ -408,7 +408,8 @@ def _flops_fields(row: dict, model: dict, config: dict, env: dict, peak_tflops_c
     step = flops.step_flops(int(row["N_tokens"]), flops.PairformerSizes.from_config(model),
                             train=bool(workflow.get("train", row["workflow"] == "training")),
                             recycles=int(workflow.get("recycles", model.get("recycles") or 0) or 0),
-                            checkpointing=bool(workflow.get("checkpointing", model.get("checkpointing"))))
+                            checkpointing=bool(workflow.get("checkpointing", model.get("checkpointing"))),
+                            checkpoint_ops=bool(model.get("checkpoint_ops", True)))
     out["step TFLOP"] = step["step"] / 1e12
     # Inference also embeds and samples, which the count leaves out: where the adapter timed the
     # trunk stage (all recycle passes), divide by that; else by the whole step's median.

@@ -98,7 +98,7 @@ class PairformerAdapter:
                  c_m: int = 64, msa_blocks: int = 4, sampling: bool = False, sampling_steps: int = 200,
                  samples: int = 5, diffusion: dict | None = None, kernels: str = "auto",
                  compile_training: bool = True, cuda_graphs: bool = False, passes: str = "inductor",
-                 attention: str = "auto") -> None:
+                 attention: str = "auto", checkpoint_ops: bool = True) -> None:
         if dtype not in TORCH_DTYPES and dtype != "auto":
             raise ValueError(f"dtype={dtype!r}: allowed auto, {', '.join(sorted(TORCH_DTYPES))}")
         self.sizes = dict(c_s=c_s, c_z=c_z, blocks=blocks, heads_single=heads_single, heads_tri=heads_tri,
@@ -107,6 +107,7 @@ class PairformerAdapter:
                           c_m=c_m, msa_blocks=msa_blocks)  # atom encoder, MSA module
         self.dtype_name = dtype  # "auto" resolves on the device (build_model: cpbench.models.dtypes)
         self.recycles, self.checkpointing, self.lr = int(recycles), bool(checkpointing), float(lr)
+        self.checkpoint_ops = bool(checkpoint_ops)  # with checkpointing: each op too, inside the block's recompute
         # Diffusion sampling after the trunk (inference only; ``diffusion.DiffusionModule`` sizes).
         self.sampling, self.sampling_steps, self.samples = bool(sampling), int(sampling_steps), int(samples)
         if self.sampling and (self.sampling_steps < 1 or self.samples < 1):
@@ -205,7 +206,8 @@ class PairformerAdapter:
             model.optimizer = torch.optim.AdamW(model.parameters(), lr=self.lr)
         model.optimizer.zero_grad(set_to_none=True)
         with timer.stage("forward"):  # stage peaks only: training stage times come from now_s
-            s, z = model(batch, layout, recycles=recycles, run_blocks=run_blocks, checkpointing=self.checkpointing)
+            s, z = model(batch, layout, recycles=recycles, run_blocks=run_blocks, checkpointing=self.checkpointing,
+                         checkpoint_ops=self.checkpoint_ops)
             local_loss = trunk_loss(s, z, batch["token_mask"], layout)
         forward_end_s = now_s(z)
         del s, z

@@ -99,11 +99,14 @@ def block_flops(n_tokens: int, sizes: PairformerSizes) -> dict[str, float]:
 
 
 def step_flops(n_tokens: int, sizes: PairformerSizes, *, train: bool, recycles: int = 0,
-               checkpointing: bool = False, recompute_passes: int = RECOMPUTE_PASSES) -> dict[str, float | str]:
+               checkpointing: bool = False, recompute_passes: int = RECOMPUTE_PASSES,
+               checkpoint_ops: bool = True) -> dict[str, float | str]:
     """FLOPs of one benchmark step of the Pairformer (``sizes.blocks`` blocks per pass).
 
     Args:
-        recompute_passes: forward recomputes per gradient pass with ``checkpointing``.
+        recompute_passes: forward recomputes per gradient pass with ``checkpointing`` and its ops
+            checkpointed inside each block (``checkpoint_ops``, ``model.checkpoint_ops``); with the
+            blocks only checkpointed, one.
 
     Returns:
         ``{"forward": one trunk pass, "step": the step's model FLOPs (MFU), "hardware": with
@@ -113,9 +116,10 @@ def step_flops(n_tokens: int, sizes: PairformerSizes, *, train: bool, recycles: 
     forward = sizes.blocks * block_flops(n_tokens, sizes)["block"]
     if train:
         multiplier = recycles + 3.0
-        recompute = recompute_passes if checkpointing else 0
+        recompute = (recompute_passes if checkpoint_ops else 1) if checkpointing else 0
+        nesting = "nested block then op" if checkpoint_ops else "the blocks"
         basis = (f"training: {recycles} no-grad recycle pass(es) + forward/backward 3x"
-                 + (f" (activation checkpointing recomputes {recompute}x more, nested block then op: "
+                 + (f" (activation checkpointing recomputes {recompute}x more, {nesting}: "
                     f"not in MFU)" if checkpointing else ""))
     else:
         multiplier, recompute = recycles + 1.0, 0

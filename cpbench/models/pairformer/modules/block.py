@@ -92,12 +92,14 @@ def pair_updates(ops: nn.Module, z: torch.Tensor, token_mask: torch.Tensor, layo
     return transpose_pair(z, layout)  # back to Z rows
 
 
-def run_block(block: nn.Module, *args, checkpointing: bool = False) -> Any:
-    """``block(*args)``; with ``checkpointing`` and autograd on, checkpointed with its ops
-    checkpointed inside (``checkpoint_ops=True``), so training keeps only the block's inputs.
-    Used by the trunk for its Pairformer blocks and by the MSA module for its blocks."""
+def run_block(block: nn.Module, *args, checkpointing: bool = False, checkpoint_ops: bool = True) -> Any:
+    """``block(*args)``; with ``checkpointing`` and autograd on, checkpointed, so training keeps only
+    the block's inputs, and with ``checkpoint_ops`` each op checkpointed inside the block's recompute
+    (backward then holds one op's activations, and each op's forward runs three times a step; without
+    it one block's activations, and twice). Used by the trunk for its Pairformer blocks and by the
+    MSA module for its blocks."""
     if checkpointing and torch.is_grad_enabled():
-        return checkpoint(block, *args, True, use_reentrant=False)
+        return checkpoint(block, *args, checkpoint_ops, use_reentrant=False)
     return block(*args)
 
 

@@ -113,12 +113,15 @@ class MsaModule(nn.Module):
         return m + self.single_embed(s_inputs[rows]), local("msa_mask")
 
     def forward(self, feats: dict[str, torch.Tensor], s_inputs: torch.Tensor, z: torch.Tensor,
-                layout: Layout, run_blocks: int | None = None, checkpointing: bool = False) -> torch.Tensor:
+                layout: Layout, run_blocks: int | None = None, checkpointing: bool = False,
+                checkpoint_ops: bool = True) -> torch.Tensor:
         """``run_blocks``: run only the first ``run_blocks`` blocks (the probe's depth, as in the
-        trunk). ``checkpointing`` (autograd only): each block checkpointed, its ops nested inside
-        (as the trunk's blocks), so training keeps only the block inputs ``m`` and ``z``."""
+        trunk). ``checkpointing`` (autograd only): each block checkpointed, with ``checkpoint_ops``
+        its ops nested inside (as the trunk's blocks), so training keeps only the block inputs ``m``
+        and ``z``."""
         token_mask = feats["token_mask"]
         m, msa_mask = self.embed(feats, s_inputs, layout)
         for block in self.blocks[:run_blocks]:
-            m, z = run_block(block, m, z, msa_mask, token_mask, layout, checkpointing=checkpointing)
+            m, z = run_block(block, m, z, msa_mask, token_mask, layout, checkpointing=checkpointing,
+                             checkpoint_ops=checkpoint_ops)
         return z

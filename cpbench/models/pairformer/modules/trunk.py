@@ -76,7 +76,7 @@ class PairformerTrunk(nn.Module):
 
     def forward(self, feats: dict[str, torch.Tensor], layout: Layout, recycles: int = 0,
                 run_blocks: int | None = None, checkpointing: bool = False,
-                timer: StageTimer | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                timer: StageTimer | None = None, checkpoint_ops: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """Args:
             feats: global padded token features (``embed.InputEmbedder``), ``token_mask [N]``.
             recycles: extra trunk passes before the last (no autograd).
@@ -85,7 +85,8 @@ class PairformerTrunk(nn.Module):
             checkpointing: activation checkpointing (autograd only): the block inputs are kept
                 (in the compute dtype; the MSA module's blocks likewise), and each op is
                 checkpointed inside the block's recompute, so backward holds one op's
-                activations at a time.
+                activations at a time (``checkpoint_ops=False``: the blocks only, so backward
+                holds one block's activations and each op's forward runs once less a step).
             timer: times the input embedding (``s_inputs`` and each cycle's pair init) as its
                 ``embedding`` stage and the MSA module as its ``msa`` stage.
         Returns:
@@ -112,7 +113,7 @@ class PairformerTrunk(nn.Module):
                     s, z = self._recycle(s_inputs, feats, rows, s.detach(), z.detach() if grad else z, cols)
                 if self.msa_module is not None:
                     with maybe_stage(timer, "msa"):
-                        z = self.msa_module(feats, s_inputs, z, layout, run_blocks, checkpointing)
+                        z = self.msa_module(feats, s_inputs, z, layout, run_blocks, checkpointing, checkpoint_ops)
                 self.block_comm_bytes, self.block_comm, self._block_laps = [], [], None
                 replayed = (self.graphs.run(self._run_blocks, blocks, s, z, token_mask, layout)
                             if self.graphs is not None else None)
@@ -123,16 +124,18 @@ class PairformerTrunk(nn.Module):
                     continue
                 self._block_laps = Laps(z.device)
                 self._block_laps.mark()
-                s, z = self._run_blocks(blocks, s, z, token_mask, layout, checkpointing, self._block_laps)
+                s, z = self._run_blocks(blocks, s, z, token_mask, layout, checkpointing, self._block_laps,
+                                                checkpoint_ops)
         return s, z
 
     def _run_blocks(self, blocks, s: torch.Tensor, z: torch.Tensor, token_mask: torch.Tensor, layout: Layout,
-                    checkpointing: bool = False, laps: Laps | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    checkpointing: bool = False, laps: Laps | None = None,
+                    checkpoint_ops: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """The block loop (eager, or recorded into a CUDA graph, ``cuda_graphs``): ``(s, z)``
         after ``blocks``; appends each block's sent bytes to ``block_comm_bytes``, marks ``laps``."""
         for block in blocks:
             before = comm.BYTES.snapshot()
-            s, z = run_block(block, s, z, token_mask, layout, checkpointing=checkpointing)
+            s, z = run_block(block, s, z, token_mask, layout, checkpointing=checkpointing, checkpoint_ops=checkpoint_ops)
             self.block_comm.append(comm.BYTES.since(before))
             self.block_comm_bytes.append(sum(v["bytes"] for v in self.block_comm[-1].values()))
             if laps is not None:
