@@ -28,6 +28,7 @@ ENERGY_COLUMN = "energy (J/step)"  # summed over ranks (energy_j_per_step_per_ra
 # Overrides that change what a model preset computes (its depth and module sizes).
 SIZE_KEYS = frozenset({"model.blocks", "model.msa_blocks", "model.atom_blocks", "model.c_s", "model.c_z",
                        "model.diffusion.blocks"})
+BLOCKS_ONLY_CHECKPOINTS = "model.checkpoint_ops=false"  # a training point that checkpoints the blocks only
 COMPILED_TRAINING = "model.compile_training=true"  # the label of a training point on the compiled flex path
 PAIRFORMER_PRESET = "pairformer"  # model=pairformer: the sizes of model=boltz2 under the preset's own name
 HARDWARE = "hardware"  # the GPU model a row ran on ("NVIDIA H200"), "CPU": part of every configuration's identity
@@ -79,7 +80,8 @@ def model_label(rec: dict) -> str | None:
     """The model's name, plus the ``model.*`` overrides of its size when the run changed them
     (``boltz2 [model.blocks=1 model.msa_blocks=0]``): a sliced trunk is not the preset; and
     ``model.compile_training=true`` for a training point on the compiled flex path (CUDA; on a
-    CPU the ``torch`` ops train whatever it says)."""
+    CPU the ``torch`` ops train whatever it says), and ``model.checkpoint_ops=false`` for one that
+    checkpoints the blocks only."""
     point = rec.get("point") or {}
     name = (point.get("model") or (rec.get("config") or {}).get("model") or {}).get("name")
     if name == PAIRFORMER_PRESET:  # the default preset is the reference trunk at Boltz-2's sizes: one name
@@ -90,6 +92,8 @@ def model_label(rec: dict) -> str | None:
     if (point.get("workflow") == "training" and model.get("compile_training") and model.get("kernels") in ("auto", "flex")
             and point.get("device") == "cuda"):  # a different training path (kernels.ran), whatever the default was
         changed.append(COMPILED_TRAINING)
+    if point.get("workflow") == "training" and model.get("checkpoint_ops") is False:
+        changed.append(BLOCKS_ONLY_CHECKPOINTS)  # another memory and recompute: not the default's series
     return f"{name} [{' '.join(changed)}]" if name and changed else name
 
 

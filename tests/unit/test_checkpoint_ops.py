@@ -70,3 +70,20 @@ def test_checkpoint_ops_is_a_boolean():
 
     with pytest.raises(ConfigError, match=r"^model\.checkpoint_ops=yes: true or false$"):
         resolve_point(compose_cfg("device=cpu", "model=tiny", "model.checkpoint_ops=yes"))
+
+
+def test_report_labels_a_blocks_only_training_point_apart():
+    """A ``model.checkpoint_ops=false`` training point holds more memory and recomputes less than
+    the default's: its rows and curves are their own series, even where the backend column is."""
+    from cpbench.report.rows import model_label, without_training_path
+
+    def record(checkpoint_ops, workflow="training"):
+        return {"point": {"workflow": workflow, "device": "cuda",
+                          "model": {"name": "boltz2", "kernels": "auto", "compile_training": True,
+                                    "checkpoint_ops": checkpoint_ops}}}
+
+    assert model_label(record(True)) == "boltz2 [model.compile_training=true]"
+    blocks_only = model_label(record(False))
+    assert blocks_only == "boltz2 [model.compile_training=true model.checkpoint_ops=false]"
+    assert without_training_path(blocks_only) == "boltz2 [model.checkpoint_ops=false]"
+    assert model_label(record(False, "inference")) == "boltz2"  # no checkpoints in inference
