@@ -230,12 +230,11 @@ def flops_section(rows: pd.DataFrame, records: list[dict]) -> str:
     per_op = flops.block_flops(n_max, sizes)
     frame = pd.DataFrame([{"op": op, f"GFLOP per block at N={n_max}": per_op[op] / 1e9,
                            "share": per_op[op] / per_op["block"]} for op in flops.BLOCK_OPS + ("block",)])
-    workflows = [(r.get("config") or {}).get("workflow") or {} for r in refs]
+    configs = [r.get("config") or {} for r in refs]
     bases = sorted({flops.step_flops(n_max, sizes, train=bool(w.get("train")), recycles=int(w.get("recycles") or 0),
                                      checkpointing=bool(w.get("checkpointing")),
-                                     checkpoint_ops=bool(((r.get("config") or {}).get("model") or {})
-                                                         .get("checkpoint_ops", True)))["basis"]
-                    for r, w in zip(refs, workflows)})
+                                     checkpoint_ops=bool(m.get("checkpoint_ops", True)))["basis"]
+                    for w, m in ((c.get("workflow") or {}, c.get("model") or {}) for c in configs)})
     sources = sorted(set(rows["peak source"].dropna())) if "peak source" in rows else []
     text = ["## FLOPs", "",
             f"Analytic forward matmul FLOPs of one Pairformer block ({model.get('name')}: c_s={sizes.c_s}, "

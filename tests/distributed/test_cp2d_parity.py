@@ -29,6 +29,7 @@ from helpers.parity import (
     assert_training_losses_match,
     block_cases,
     op_case,
+    record_blocks_only_grad_errors,
     record_trained_param_errors,
     record_trunk_grad_errors,
     rel_error,
@@ -124,14 +125,7 @@ def _check_trunk_and_training(seed: int, shape: tuple[int, int], errors: dict, l
     errors["trunk/s"] = rel_error(s_cp[:kr], s_ref[rr])
     record_trunk_grad_errors(errors, mod, ref)
     mod.zero_grad(set_to_none=True)
-    # the blocks only checkpointed (model.checkpoint_ops=false): the same sharded gradients
-    s_cp, z_cp = mod(batch, layout, recycles=1, checkpointing=True, checkpoint_ops=False)
-    trunk_loss(s_cp, z_cp, batch["token_mask"], layout).backward()
-    all_reduce_grads(mod, layout)
-    blocks_only: dict[str, float] = {}
-    record_trunk_grad_errors(blocks_only, mod, ref)
-    errors["trunk/grads_blocks_only"] = blocks_only["trunk/grads"]
-    mod.zero_grad(set_to_none=True)
+    record_blocks_only_grad_errors(errors, mod, ref, batch, layout)
     ref.zero_grad(set_to_none=True)
 
     with torch.no_grad(), chunking.override_budget(LEAN_BUDGET_B):

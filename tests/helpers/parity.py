@@ -8,12 +8,13 @@ from dataclasses import dataclass
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
+from cpbench.models.pairformer.adapter import all_reduce_grads, trunk_loss
 from cpbench.models.pairformer.layers.single_att import AttentionPairBias
 from cpbench.models.pairformer.layers.transition import Transition
 from cpbench.models.pairformer.layers.triatt import TriangleAttention
 from cpbench.models.pairformer.layers.trimul import TriangleMultiplication
 from cpbench.models.pairformer.modules.block import PairformerBlock
-from cpbench.models.pairformer.parallel.layout import serial_layout
+from cpbench.models.pairformer.parallel.layout import Layout, serial_layout
 from cpbench.models.pairformer.parallel.transpose import transpose_pair
 
 
@@ -68,8 +69,9 @@ TOL = 1e-5
 TRUNK_PARAM_TOL = 1e-4
 
 
-def record_trunk_grad_errors(errors: dict, mod: torch.nn.Module, ref: torch.nn.Module) -> None:
-    """``errors["trunk/grads"]``: the whole trunk's gradient vector, norm-wise at TOL.
+def record_trunk_grad_errors(errors: dict, mod: torch.nn.Module, ref: torch.nn.Module,
+                             key: str = "trunk/grads") -> None:
+    """``errors[key]``: the whole trunk's gradient vector, norm-wise at TOL.
 
     Not per parameter: through the whole trunk, gradients that are sums with heavy cancellation
     (LayerNorm biases, the atom encoder's pair MLP) carry fp32 rounding far above their own norm
@@ -80,7 +82,20 @@ def record_trunk_grad_errors(errors: dict, mod: torch.nn.Module, ref: torch.nn.M
     """
     grads = torch.cat([p.grad.reshape(-1) for p in mod.parameters()])
     grads_ref = torch.cat([p.grad.reshape(-1) for p in ref.parameters()])
-    errors["trunk/grads"] = rel_error(grads, grads_ref)
+    errors[key] = rel_error(grads, grads_ref)
+
+
+def record_blocks_only_grad_errors(errors: dict, mod: torch.nn.Module, ref: torch.nn.Module, batch: dict,
+                                   layout: Layout) -> None:
+    """``errors["trunk/grads_blocks_only"]``: the sharded trunk ``mod`` (its grads zeroed) trained
+    with the blocks only checkpointed (``model.checkpoint_ops=false``: ``recycles=1``, gradients
+    all-reduced over the layout) against ``ref``'s gradients, as ``record_trunk_grad_errors``;
+    ``mod``'s grads are zeroed again after."""
+    s, z = mod(batch, layout, recycles=1, checkpointing=True, checkpoint_ops=False)
+    trunk_loss(s, z, batch["token_mask"], layout).backward()
+    all_reduce_grads(mod, layout)
+    record_trunk_grad_errors(errors, mod, ref, key="trunk/grads_blocks_only")
+    mod.zero_grad(set_to_none=True)
 
 
 # The losses after AdamW steps: AdamW moves a component whose gradient is ~0 by a full ±lr step
