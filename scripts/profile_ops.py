@@ -5,7 +5,7 @@
     python scripts/profile_ops.py passes --n 2048 --kernels flex flex+triton [--ncu PATH] [--out FILE]
     python scripts/profile_ops.py limits NCU_RAW.csv[.gz] [--out FILE]
 
-Three modes; each prints one JSON line per measurement and writes them all to ``--out``. Neither
+Four modes; each prints one JSON line per measurement and writes them all to ``--out``. None
 is a cpbench point (no harness, no ``result.json``): they say where a point's time goes.
 
 ``block`` (inference): one boltz2-sized Pairformer block (c_s 384, c_z 128, 4 triangle heads of
@@ -54,14 +54,14 @@ on. One ``--variant`` per process (the kernel selection is process-wide):
 
 * ``eager``: ``kernels=torch`` ops under autograd (SDPA with the expanded bias), each block
   checkpointed with its ops checkpointed inside (``model.compile_training=false``);
-* ``eager_block``: the same with only the block checkpointed (``model.checkpoint_ops=false``): what the nested checkpoints cost
-  in recompute;
+* ``eager_block``: the same with only the block checkpointed (``model.checkpoint_ops=false``): what
+  the nested checkpoints cost in recompute;
 * ``compiled``: ``kernels=flex`` with ``compile_training=True`` (the default training path on CUDA);
 * ``compiled_triton``: the same with ``model.passes=triton`` (the Triton passes and their Triton
   backward, ``ops/triton_backward.py``);
 * ``compiled_block``, ``compiled_triton_block``: those two with only the block checkpointed
-  (``model.checkpoint_ops=false``: each
-  op's forward runs twice a step, not three times; the backward holds one block's activations).
+  (``model.checkpoint_ops=false``: each op's forward runs twice a step, not three times; the
+  backward holds one block's activations).
 
 ``--lean`` runs the step under the lean chunk budgets of a probe's fitting point. Reported: the
 first step (compilation included) and ``compile_s``, the median of ``--repeats`` further steps,
@@ -334,17 +334,23 @@ def passes_child(n_tokens: int, backend: str, warmup: int, device: torch.device,
           flush=True)
 
 
-def parse_ncu_csv(text: str, metrics: tuple[str, ...] = NCU_METRICS) -> list[dict]:
-    """The kernels of ``ncu --csv --page raw --print-units base`` output, in launch order:
-    ``{"name", <metric>: float}`` for each of ``metrics`` present (bytes, nanoseconds, percent);
-    the program's own lines and ncu's units row are skipped."""
+def _ncu_table(text: str) -> tuple[list[str], list[list[str]]]:
+    """The header and the rows after it of ``ncu --csv`` output (its quoted lines; the program's
+    own lines skipped)."""
     rows = list(csv.reader(line for line in text.splitlines() if line.startswith('"')))
     start = next((i for i, row in enumerate(rows) if "Kernel Name" in row), None)
     if start is None:
         raise ValueError("no ncu CSV header (a 'Kernel Name' column) in the output")
-    header = rows[start]
+    return rows[start], rows[start + 1:]
+
+
+def parse_ncu_csv(text: str, metrics: tuple[str, ...] = NCU_METRICS) -> list[dict]:
+    """The kernels of ``ncu --csv --page raw --print-units base`` output, in launch order:
+    ``{"name", <metric>: float}`` for each of ``metrics`` present (bytes, nanoseconds, percent);
+    the program's own lines and ncu's units row are skipped."""
+    header, rows = _ncu_table(text)
     kernels_found = []
-    for row in rows[start + 1:]:
+    for row in rows:
         rec = dict(zip(header, row))
         if len(row) != len(header) or not rec.get("ID", "").strip().isdigit():
             continue  # the units row, or a line that is not a kernel
@@ -370,9 +376,7 @@ def kernel_limits(text: str) -> list[dict]:
     """Per kernel name (its last launch) of an ncu raw CSV with the ComputeWorkloadAnalysis,
     WarpStateStats and SpeedOfLight sections (``docs/benchmarks/planned/call_u.sh``): ``LIMIT_METRICS``
     under short names, and the stall reasons, largest first."""
-    header = next((row for row in csv.reader(line for line in text.splitlines() if line.startswith('"'))
-                   if "Kernel Name" in row), [])
-    stalls = tuple(h for h in header if h.startswith(STALL_PREFIX) and h.endswith(STALL_SUFFIX))
+    stalls = tuple(h for h in _ncu_table(text)[0] if h.startswith(STALL_PREFIX) and h.endswith(STALL_SUFFIX))
     last = {k["name"]: k for k in parse_ncu_csv(text, LIMIT_METRICS + stalls)}
     out = []
     for name, k in last.items():
