@@ -51,14 +51,17 @@ def test_a_probe_stopped_by_its_limits_continues_under_larger_ones(tmp_path):
 
 
 def test_the_reference_trunk_gets_the_same_max_n_from_predict_as_from_bisect_in_fewer_points(tmp_path, monkeypatch):
-    """#18 on the CPU: the tiny reference trunk (trunk only, c_z=128 so that the pair tensors
-    dominate the resident-set peak, fp32 on every CPU) under a 0.2 GiB cap, probed from N=128 with growth 1.5 by
-    both strategies, granularity 32. Predict fits its three ramp points and brackets the limit; its max N is
-    bisect's within the granularity, in fewer points. (With c_z=16 under 0.125 GiB the limit
-    moved by 50-80 tokens from run to run, more than a 64-token granularity: the cap counts the
-    process's data segment, and a few MiB of allocator noise is many tokens where the peak grows
-    slowly with N; under 0.25 GiB from N=192 the fit's residual, up to 6 %, sometimes missed the
-    tight bracket, and predict then ran as many points as bisect.)
+    """#18 on the CPU: the tiny reference trunk (trunk only, one block, c_z=128 so that the pair tensors
+    dominate the resident-set peak, fp32 on every CPU) under a 0.2 GiB cap, probed from N=128 with
+    growth 1.5 by both strategies, granularity 32. One block, not the preset's two: the peak is one
+    block's either way (inference keeps no block's activations), and each step takes half as long
+    (2-core CPU, 2026-12-06: bisect 38 s, max N 396, out of memory at 414; predict 29 s, 391 and
+    423; bisect with two blocks: 60 s, the same ends). Predict fits its three ramp points and
+    brackets the limit; its max N is bisect's within the granularity, in fewer points. (With c_z=16
+    under 0.125 GiB the limit moved by 50-80 tokens from run to run, more than a 64-token
+    granularity: the cap counts the process's data segment, and a few MiB of allocator noise is many
+    tokens where the peak grows slowly with N; under 0.25 GiB from N=192 the fit's residual, up to
+    6 %, sometimes missed the tight bracket, and predict then ran as many points as bisect.)
 
     The workers run with glibc's mmap threshold fixed (``MALLOC_MMAP_THRESHOLD_``): by default
     glibc raises it to the size of each large block freed, so later tensors of that size come
@@ -70,8 +73,8 @@ def test_the_reference_trunk_gets_the_same_max_n_from_predict_as_from_bisect_in_
     at 513) and 499-501 (predict, out of memory at 531-533), in bf16 from N=192. In fp32, from
     N=128, the ramp 128, 192, 288 fits, so predict has its three points.)"""
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")  # inherited by the supervisor and its workers
-    base = ["routine=probe", "device=cpu", "dtype=fp32", "model=tiny", "model.c_z=128", "cp=1", "S=8", "atoms_per_token=2",
-            "model.msa_blocks=0", "workflow.sampling=false", "workflow.recycles=0", "memory.limit_gib=0.2",
+    base = ["routine=probe", "device=cpu", "dtype=fp32", "model=tiny", "model.c_z=128", "model.blocks=1", "cp=1", "S=8",
+            "atoms_per_token=2", "model.msa_blocks=0", "workflow.sampling=false", "workflow.recycles=0", "memory.limit_gib=0.2",
             "probe.start=128", "probe.growth=1.5", "probe.granularity=32", "probe.verify=false", "probe.timeout_s=120"]
     records = {}
     for strategy in ("bisect", "predict"):
