@@ -27,6 +27,8 @@
 # names its commit in commit.txt, which goes into every result.json (CPBENCH_GIT_COMMIT).
 #
 # EXPECT_GPU=NAME runs nothing (exit 3, $OUT/refused.txt) unless the GPU's name contains NAME.
+# ONLY=NAME[,NAME...] runs only those lines of the file (e.g. one line of a side-by-side campaign
+# when a call has too little time for the rest).
 #
 # Written to $OUT: each job's folder and log ($OUT/NAME.log), env.txt (GPU, driver, clocks,
 # torch/CUDA/NCCL), nvidia-smi before and after, commit.txt, and one archive of it all
@@ -79,6 +81,7 @@ nvidia-smi > "$OUT/nvidia-smi_before.txt" 2>&1
 
 while read -r name need args; do
   [ -z "${name:-}" ] || [ "${name#\#}" != "$name" ] && continue
+  case ",${ONLY:-$name}," in *",$name,"*) ;; *) continue;; esac
   if [ "$(left)" -lt "$need" ]; then echo "skip $name: $(left) s left, needs $need"; continue; fi
   if [ -n "${RESUME_FROM:-}" ] && [ -d "$RESUME_FROM/$name" ]; then
     cp -r "$RESUME_FROM/$name" "$OUT/$name" && rm -f "$OUT/$name/result.json"

@@ -1,5 +1,6 @@
 """``scripts/gpu_campaign.sh`` with ``EXPECT_GPU``: a campaign meant for one GPU model runs nothing
-on another (the machine's name comes from ``nvidia-smi``, here a stand-in on PATH)."""
+on another (the machine's name comes from ``nvidia-smi``, here a stand-in on PATH); with ``ONLY``
+it takes only the named lines."""
 
 from __future__ import annotations
 
@@ -21,23 +22,40 @@ def fake_nvidia_smi(bin_dir: Path, name: str) -> None:
     tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
 
 
-@pytest.mark.parametrize("expect, runs", [("H200", False), ("H100", True)])
-def test_a_campaign_for_another_gpu_runs_nothing(tmp_path, expect, runs):
+def run_campaign(tmp_path: Path, lines: str, **env_vars: str) -> subprocess.CompletedProcess:
+    """The script alone (away from any wheels this checkout holds in .whl/) on ``lines`` as its
+    campaign file, on a stand-in H100, with a 30 s budget and ``env_vars``."""
     fake_nvidia_smi(tmp_path / "bin", "NVIDIA H100 80GB HBM3")
-    tree = tmp_path / "tree"  # the script alone, away from any wheels this checkout holds in .whl/
+    tree = tmp_path / "tree"
     (tree / "scripts").mkdir(parents=True)
     script = tree / "scripts" / "gpu_campaign.sh"
     script.write_text((ROOT / "scripts" / "gpu_campaign.sh").read_text())
     campaign = tmp_path / "campaign.txt"
-    campaign.write_text("# nothing to run: only whether the script gets past its GPU check\n")
-    out = tmp_path / "out"
+    campaign.write_text(lines)
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}"
-           f"{os.environ['PATH']}", "OUT": str(out), "BUDGET_S": "30", "EXPECT_GPU": expect}
-    done = subprocess.run(["bash", str(script), str(campaign)], cwd=tree, env=env,
+           f"{os.environ['PATH']}", "OUT": str(tmp_path / "out"), "BUDGET_S": "30", **env_vars}
+    return subprocess.run(["bash", str(script), str(campaign)], cwd=tree, env=env,
                           capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("expect, runs", [("H200", False), ("H100", True)])
+def test_a_campaign_for_another_gpu_runs_nothing(tmp_path, expect, runs):
+    done = run_campaign(tmp_path, "# nothing to run: only whether the script gets past its GPU check\n",
+                        EXPECT_GPU=expect)
+    out = tmp_path / "out"
     if runs:
         assert done.returncode == 0 and "done in" in done.stdout, done.stdout + done.stderr
         assert not (out / "refused.txt").exists()
     else:
         assert done.returncode == 3, done.stdout + done.stderr
         assert "this machine's GPU is 'NVIDIA H100 80GB HBM3': nothing run" in (out / "refused.txt").read_text()
+
+
+@pytest.mark.parametrize("only, taken", [("", {"a", "b", "ab", "c"}), ("b", {"b"}), ("a,c", {"a", "c"})])
+def test_only_takes_the_named_lines(tmp_path, only, taken):
+    """Each line needs more than the budget, so a line the loop takes prints its skip and runs
+    nothing; a name is matched whole (``ab`` is not ``a`` or ``b``)."""
+    done = run_campaign(tmp_path, "a 999 N=1\nb 999 N=2\nab 999 N=3\nc 999 N=4\n", ONLY=only)
+    assert done.returncode == 0, done.stdout + done.stderr
+    skipped = {line.split()[1].rstrip(":") for line in done.stdout.splitlines() if line.startswith("skip ")}
+    assert skipped == taken, done.stdout
