@@ -44,9 +44,10 @@ equivalent passes over z, ``(read + written) / bytes of z``, per kernel too; and
 A block that reads and writes z once per op makes about 2 passes per op.
 
 ``limits`` (no GPU): what bounds each kernel of an Nsight Compute raw CSV with the compute, warp-state
-and speed-of-light sections (``docs/benchmarks/planned/call_u.sh`` records one for triangle attention):
-issue slots used, the special-function (``xu``), tensor, FMA, ALU and load/store pipes, warps per
-scheduler, and the stall reasons in cycles per issued instruction, largest first.
+and speed-of-light sections (``docs/benchmarks/planned/call_u.sh`` records one for triangle attention,
+``call_v.sh`` for the Triton passes): issue slots used, the special-function (``xu``), tensor, FMA,
+ALU and load/store pipes, warps per scheduler, the stall reasons in cycles per issued instruction,
+largest first, and where the CSV has them the GB read and written in DRAM and moved through L2.
 
 ``train``: one training step (forward, backward, AdamW) of the boltz2 trunk (trunk only: no MSA
 module, no recycling, no sampling) with ``--blocks`` blocks at ``--n`` tokens, cp=1, checkpointing
@@ -369,6 +370,11 @@ LIMIT_METRICS = ("gpu__time_duration.sum", "smsp__issue_active.avg.pct_of_peak_s
                  "sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active",
                  "smsp__warps_active.avg.per_cycle_active", "launch__registers_per_thread",
                  "dram__cycles_active.avg.pct_of_peak_sustained_elapsed", "lts__throughput.avg.pct_of_peak_sustained_elapsed")
+# Bytes a kernel moves, in GB where the CSV has them (ncu --metrics, docs/benchmarks/planned/call_v.sh):
+# DRAM against the L2's traffic from the SMs (a kernel that re-reads its weights per tile moves far
+# more through L2 than from DRAM)
+BYTE_METRICS = {"dram__bytes_read.sum": "dram_read_gb", "dram__bytes_write.sum": "dram_write_gb",
+                "lts__t_bytes.sum": "l2_gb"}
 STALL_PREFIX, STALL_SUFFIX = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
 
 
@@ -377,11 +383,12 @@ def kernel_limits(text: str) -> list[dict]:
     WarpStateStats and SpeedOfLight sections (``docs/benchmarks/planned/call_u.sh``): ``LIMIT_METRICS``
     under short names, and the stall reasons, largest first."""
     stalls = tuple(h for h in _ncu_table(text)[0] if h.startswith(STALL_PREFIX) and h.endswith(STALL_SUFFIX))
-    last = {k["name"]: k for k in parse_ncu_csv(text, LIMIT_METRICS + stalls)}
+    last = {k["name"]: k for k in parse_ncu_csv(text, LIMIT_METRICS + tuple(BYTE_METRICS) + stalls)}
     out = []
     for name, k in last.items():
         row = {"kernel": name[:60], "ms": round(k["gpu__time_duration.sum"] / 1e6, 3)}
         row.update({m.split(".")[0]: round(k[m], 2) for m in LIMIT_METRICS[1:] if m in k})
+        row.update({short: round(k[m] / 1e9, 3) for m, short in BYTE_METRICS.items() if m in k})
         stall = {h[len(STALL_PREFIX):-len(STALL_SUFFIX)]: round(k[h], 2) for h in stalls if k.get(h, 0) >= 0.05}
         row["stalls_per_issue"] = dict(sorted(stall.items(), key=lambda kv: -kv[1]))
         out.append(row)

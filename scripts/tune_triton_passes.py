@@ -15,6 +15,10 @@ kernel is timed as the whole backward of its autograd function (the kernel, the 
 matmuls and the LayerNorm parameters' partial sums), its bytes those the kernel must move.
 ``scripts/triton_resources.py --grid`` says beforehand which settings spill registers.
 
+``--default-only --calls 2`` runs each kernel at its setting in the code only, twice, with no
+benchmark loop: the launches that ``docs/benchmarks/planned/call_v.sh`` profiles under Nsight
+Compute (its printed times then are ncu's replays, not the kernel's).
+
 On a CPU (``TRITON_INTERPRET=1``, a small ``--n`` and ``--c-z 32``) it runs each kernel once
 per setting, with a wall clock: a check that the script works, not a measurement.
 """
@@ -99,7 +103,10 @@ def table_of(kernel: str) -> tuple[dict, str]:
     return (tb.BWD_TILES, kernel[:-4]) if kernel.endswith("_bwd") else (tp.TILES, kernel)
 
 
-def settings(kernel: str) -> list[dict]:
+def settings(kernel: str, default_only: bool = False) -> list[dict]:
+    """The launch settings to try for ``kernel``: its grid's, or only the code's (``{}``)."""
+    if default_only:
+        return [{}]
     backward = kernel.endswith("_bwd")
     grid = dict(BWD_GRID if backward else GRID)
     name = kernel[:-4] if backward else kernel
@@ -110,15 +117,19 @@ def settings(kernel: str) -> list[dict]:
     return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
 
 
-def time_ms(call, cuda: bool) -> float:
-    if cuda:
+def time_ms(call, cuda: bool, calls: int | None = None) -> float:
+    """Median ms of ``call``: ``triton.testing.do_bench`` on a GPU; else, or with ``calls``, the
+    wall clock of that many calls (two on a CPU), each synchronized."""
+    if cuda and calls is None:
         import triton.testing
 
         return float(triton.testing.do_bench(call, warmup=10, rep=50))
     times = []
-    for _ in range(2):
+    for _ in range(calls or 2):
         start = time.perf_counter()
         call()
+        if cuda:
+            torch.cuda.synchronize()
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
 
@@ -129,6 +140,9 @@ def main() -> None:
     parser.add_argument("--c-z", type=int, default=128)
     parser.add_argument("--kernels", nargs="+", default=list(tp.TILES),
                         help="forward kernels (TILES' names) and/or <name>_bwd (their backward)")
+    parser.add_argument("--default-only", action="store_true", help="only the setting in the code (TILES, BWD_TILES)")
+    parser.add_argument("--calls", type=int, default=None,
+                        help="this many plain calls per setting instead of do_bench's loop (under ncu: 2)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     cuda = torch.cuda.is_available() and not tp.interpreted()
@@ -142,14 +156,14 @@ def main() -> None:
         table, key = table_of(kernel)
         default = dict(table[key])
         results = []
-        for setting in settings(kernel):
+        for setting in settings(kernel, args.default_only):
             table[key] = {**default, **setting}
             try:
-                ms = time_ms(call, cuda)
+                ms = time_ms(call, cuda, args.calls)
             except Exception as exc:  # noqa: BLE001 - a setting that does not compile is a result too
-                row = {"kernel": kernel, "setting": setting, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                row = {"kernel": kernel, "setting": setting or default, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
             else:
-                row = {"kernel": kernel, "setting": setting, "ms": round(ms, 4), "gb_per_s": round(moved_b / ms / 1e6, 1)}
+                row = {"kernel": kernel, "setting": setting or default, "ms": round(ms, 4), "gb_per_s": round(moved_b / ms / 1e6, 1)}
                 results.append(row)
             print(json.dumps(row), flush=True)
             rows.append(row)

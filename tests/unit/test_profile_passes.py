@@ -75,3 +75,14 @@ def test_limits_keep_each_kernels_last_launch_and_rank_its_stalls():
     assert (mine["ms"], mine["sm__inst_executed_pipe_xu"]) == (3.4, 44.0)  # the last launch
     assert list(mine["stalls_per_issue"].items()) == [("long_scoreboard", 1.8), ("wait", 1.6)]
     assert list(flex["stalls_per_issue"]) == ["wait", "long_scoreboard"]
+    assert "l2_gb" not in flex  # no byte metrics in this CSV
+
+
+def test_limits_give_each_kernels_dram_and_l2_bytes_in_gb():
+    cols = ["ID", "Kernel Name", "gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
+            "lts__t_bytes.sum"]
+    rows = [["0", "_swiglu_kernel", "6,400,000", "1,073,741,824", "1,073,741,824", "25,769,803,776"]]
+    text = "\n".join([",".join(f'"{c}"' for c in cols), ",".join(['""'] * 2 + ['"nsecond"', '"byte"'] * 1 + ['"byte"'] * 2),
+                      *(",".join(f'"{v}"' for v in row) for row in rows)])
+    (row,) = profile_ops.kernel_limits(text)
+    assert (row["ms"], row["dram_read_gb"], row["dram_write_gb"], row["l2_gb"]) == (6.4, 1.074, 1.074, 25.77)

@@ -166,6 +166,15 @@ def test_the_tuning_script_runs_every_setting(tmp_path):
     assert [r["kernel"] for r in bests] == ["swiglu_transition", "gated_output_bwd"]
     assert all(r["best"] and r["default_ms"] is not None for r in bests), bests
 
+    # --default-only --calls: the code's setting alone (the launches call_v.sh profiles)
+    proc = subprocess.run([sys.executable, script, "--n", "8", "--c-z", "32", "--kernels", "gated_output",
+                           "--default-only", "--calls", "1", "--out", str(out)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row, best) = json.loads(out.read_text())["rows"]
+    from cpbench.models.pairformer.ops.triton_passes import TILES
+    assert row["setting"] == TILES["gated_output"] and best["default_ms"] == row["ms"]
+
 
 def test_the_transition_steps_over_hidden_channels_by_a_power_of_two_that_divides_them():
     from cpbench.models.pairformer.ops.triton_passes import hidden_step, swiglu_hidden_ok
