@@ -39,6 +39,8 @@ from cpbench.models.pairformer.ops import triton_passes as tp
 GRID = {"BLOCK_M": (64, 128), "num_warps": (4, 8), "num_stages": (1, 3)}
 STEP = {"norm_linear": ("BLOCK_N", (64, 128)), "triangle_operands": ("BLOCK_N", (64, 128)),
         "swiglu_transition": ("BLOCK_H", (64, 128))}
+# switches of one kernel's code, tried at every setting of its grid (ops/triton_passes.py: _swiglu_kernel)
+VARIANTS = {"swiglu_transition": {"RELOAD_X": (False, True)}}
 BWD_GRID = {"BLOCK_M": (32, 64), "num_warps": (4, 8), "num_stages": (1, 2)}
 BWD_STEP = {"norm_linear": ("BLOCK_N", (32, 64)), "triangle_operands": ("BLOCK_N", (32, 64)),
             "swiglu_transition": ("BLOCK_H", (32, 64))}
@@ -114,6 +116,8 @@ def settings(kernel: str, default_only: bool = False) -> list[dict]:
     if name in steps:
         key, values = steps[name]
         grid[key] = values
+    if not backward:
+        grid.update(VARIANTS.get(name, {}))
     return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
 
 
@@ -163,7 +167,8 @@ def main() -> None:
             except Exception as exc:  # noqa: BLE001 - a setting that does not compile is a result too
                 row = {"kernel": kernel, "setting": setting or default, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
             else:
-                row = {"kernel": kernel, "setting": setting or default, "ms": round(ms, 4), "gb_per_s": round(moved_b / ms / 1e6, 1)}
+                row = {"kernel": kernel, "setting": setting or default, "ms": round(ms, 4),
+                       "gb_per_s": round(moved_b / ms / 1e6, 1)}
                 results.append(row)
             print(json.dumps(row), flush=True)
             rows.append(row)

@@ -124,6 +124,7 @@ def test_half_precision_within_the_reference_rounding():
 
 @pytest.mark.parametrize("kernel, setting", [
     ("swiglu_transition", dict(BLOCK_M=128, BLOCK_H=128, num_warps=8, num_stages=1)),
+    ("swiglu_transition", dict(RELOAD_X=True)),
     ("norm_linear", dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=1)),
     ("triangle_operands", dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)),
 ])
@@ -133,8 +134,11 @@ def test_other_launch_settings_give_the_same_result(monkeypatch, kernel, setting
     z, (ln_w, ln_b) = pair(transposed=True), ln_params()
     if kernel == "swiglu_transition":
         w_in, w_out = weight(8 * C, C), weight(C, 4 * C)
-        torch.testing.assert_close(triton_passes.swiglu_transition(z, ln_w, ln_b, w_in, w_out),
-                                   fused.swiglu_transition(z, ln_w, ln_b, w_in, w_out), **TOL)
+        want = fused.swiglu_transition(z, ln_w, ln_b, w_in, w_out)
+        torch.testing.assert_close(triton_passes.swiglu_transition(z, ln_w, ln_b, w_in, w_out), want, **TOL)
+        x = z.clone()  # the residual, written in place over the rows each program read
+        torch.testing.assert_close(triton_passes.swiglu_transition(x, ln_w, ln_b, w_in, w_out, residual=True),
+                                   want + z, **TOL)
     elif kernel == "norm_linear":
         w = weight(4 * C, C)
         torch.testing.assert_close(triton_passes.norm_linear(z, ln_w, ln_b, w), fused.norm_linear(z, ln_w, ln_b, w),
@@ -161,7 +165,7 @@ def test_the_tuning_script_runs_every_setting(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
     timed = [r["kernel"] for r in rows if "setting" in r]
-    assert timed.count("swiglu_transition") == 16 and timed.count("gated_output_bwd") == 8, timed
+    assert timed.count("swiglu_transition") == 32 and timed.count("gated_output_bwd") == 8, timed
     bests = [r for r in rows if "best" in r]
     assert [r["kernel"] for r in bests] == ["swiglu_transition", "gated_output_bwd"]
     assert all(r["best"] and r["default_ms"] is not None for r in bests), bests

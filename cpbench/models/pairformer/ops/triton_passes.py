@@ -145,9 +145,13 @@ if HAS_TRITON:
     @triton.jit
     def _swiglu_kernel(x_ptr, s0, s1, sc, lnw_ptr, lnb_ptr, wi_ptr, swi_n, swi_k, wo_ptr, swo_n, swo_k,
                        o_ptr, o0, o1, oc, M, ncols, hidden, eps, C: tl.constexpr, RESIDUAL: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, PREC: tl.constexpr):
+                       BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, PREC: tl.constexpr,
+                       RELOAD_X: tl.constexpr = False):
         """``hidden`` channels in chunks of ``BLOCK_H``: ``a`` is ``W_in`` rows ``[h, h+BLOCK_H)``,
-        ``b`` rows ``hidden + [h, h+BLOCK_H)``; the chunk's ``silu(a) * b`` meets ``W_out[:, h:...]``."""
+        ``b`` rows ``hidden + [h, h+BLOCK_H)``; the chunk's ``silu(a) * b`` meets ``W_out[:, h:...]``.
+        With ``RELOAD_X`` the residual ``x`` is loaded again after the loop (this program's own rows,
+        from L2 as a rule) instead of living in fp32 registers through it. Compiled for sm_90 (Triton
+        3.6.0, the tuned setting) it spills 312 bytes a thread against 368; the tuner times both."""
         i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
         x, _, _, xn = _normed(x_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, True)
         xn = xn.to(wi_ptr.dtype.element_ty)
@@ -162,7 +166,12 @@ if HAS_TRITON:
             wo = tl.load(wo_ptr + c[None, :] * swo_n + (h0 + hh)[:, None] * swo_k)
             acc = tl.dot(act, wo, acc, input_precision=PREC)
         if RESIDUAL:
-            acc += x
+            if RELOAD_X:
+                # another cache policy than the first load's, or the compiler merges the two loads
+                acc += tl.load(x_ptr + i[:, None] * s0 + j[:, None] * s1 + c[None, :] * sc, mask=ok[:, None],
+                               other=0.0, eviction_policy="evict_first").to(tl.float32)
+            else:
+                acc += x
         tl.store(o_ptr + i[:, None] * o0 + j[:, None] * o1 + c[None, :] * oc, acc.to(o_ptr.dtype.element_ty),
                  mask=ok[:, None])
 
@@ -211,7 +220,7 @@ TILES = {
     "triangle_operands": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1),
     "triangle_update": dict(BLOCK_M=64, num_warps=4, num_stages=3),
     "gated_output": dict(BLOCK_M=64, num_warps=4, num_stages=3),
-    "swiglu_transition": dict(BLOCK_M=64, BLOCK_H=128, num_warps=4, num_stages=1),
+    "swiglu_transition": dict(BLOCK_M=64, BLOCK_H=128, num_warps=4, num_stages=1, RELOAD_X=False),
 }
 # fp32 (the parity reference): 64-row tiles with 3 stages asked 311 KiB of shared memory in
 # triangle_operands on an H200 (227 KiB there; 2026-12-05)
