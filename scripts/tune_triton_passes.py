@@ -15,7 +15,7 @@ kernel is timed as the whole backward of its autograd function (the kernel, the 
 matmuls and the LayerNorm parameters' partial sums), its bytes those the kernel must move.
 ``scripts/triton_resources.py --grid`` says beforehand which settings spill registers.
 
-``--default-only --calls 2`` runs each kernel at its setting in the code only, twice, with no
+``--default-only`` with ``--calls=2`` runs each kernel at its setting in the code only, twice, with no
 benchmark loop: the launches that ``docs/benchmarks/planned/call_v.sh`` profiles under Nsight
 Compute (its printed times then are ncu's replays, not the kernel's).
 
