@@ -45,7 +45,7 @@ from flex_microbench import TRITON_GRID  # noqa: E402 -- scripts/, first on the 
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
-from tune_triton_passes import VARIANTS, table_of  # noqa: E402
+from tune_triton_passes import table_of  # noqa: E402
 
 from cpbench.models.pairformer.ops import triton_attention as ta  # noqa: E402
 from cpbench.models.pairformer.ops import triton_backward as tb  # noqa: E402
@@ -154,7 +154,6 @@ def settings(name: str, grid: bool) -> list[dict | None]:
     for step in ("BLOCK_N", "BLOCK_H"):
         if name != "attention" and step in table[key]:
             space[step] = STEPS
-    space.update(VARIANTS.get(name, {}))
     return [None] + [dict(zip(space, values)) for values in itertools.product(*space.values())]
 
 

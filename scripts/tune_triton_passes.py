@@ -39,8 +39,6 @@ from cpbench.models.pairformer.ops import triton_passes as tp
 GRID = {"BLOCK_M": (64, 128), "num_warps": (4, 8), "num_stages": (1, 3)}
 STEP = {"norm_linear": ("BLOCK_N", (64, 128)), "triangle_operands": ("BLOCK_N", (64, 128)),
         "swiglu_transition": ("BLOCK_H", (32, 64, 128))}
-# switches of one kernel's code, tried at every setting of its grid (ops/triton_passes.py: _swiglu_kernel)
-VARIANTS = {"swiglu_transition": {"RELOAD_X": (False, True)}}
 BWD_GRID = {"BLOCK_M": (32, 64), "num_warps": (4, 8), "num_stages": (1, 2)}
 BWD_STEP = {"norm_linear": ("BLOCK_N", (32, 64)), "triangle_operands": ("BLOCK_N", (32, 64)),
             "swiglu_transition": ("BLOCK_H", (32, 64))}
@@ -116,8 +114,6 @@ def settings(kernel: str, default_only: bool = False) -> list[dict]:
     if name in steps:
         key, values = steps[name]
         grid[key] = values
-    if not backward:
-        grid.update(VARIANTS.get(name, {}))
     return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
 
 

@@ -124,7 +124,7 @@ def test_half_precision_within_the_reference_rounding():
 
 @pytest.mark.parametrize("kernel, setting", [
     ("swiglu_transition", dict(BLOCK_M=128, BLOCK_H=128, num_warps=8, num_stages=1)),
-    ("swiglu_transition", dict(RELOAD_X=True)),
+    ("swiglu_transition", dict(BLOCK_M=64, BLOCK_H=128, num_warps=4, num_stages=1)),
     ("norm_linear", dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=1)),
     ("triangle_operands", dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)),
 ])
@@ -165,7 +165,7 @@ def test_the_tuning_script_runs_every_setting(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
     timed = [r["kernel"] for r in rows if "setting" in r]
-    assert timed.count("swiglu_transition") == 48 and timed.count("gated_output_bwd") == 8, timed
+    assert timed.count("swiglu_transition") == 24 and timed.count("gated_output_bwd") == 8, timed
     bests = [r for r in rows if "best" in r]
     assert [r["kernel"] for r in bests] == ["swiglu_transition", "gated_output_bwd"]
     assert all(r["best"] and r["default_ms"] is not None for r in bests), bests

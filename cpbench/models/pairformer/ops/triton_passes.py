@@ -145,13 +145,9 @@ if HAS_TRITON:
     @triton.jit
     def _swiglu_kernel(x_ptr, s0, s1, sc, lnw_ptr, lnb_ptr, wi_ptr, swi_n, swi_k, wo_ptr, swo_n, swo_k,
                        o_ptr, o0, o1, oc, M, ncols, hidden, eps, C: tl.constexpr, RESIDUAL: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, PREC: tl.constexpr,
-                       RELOAD_X: tl.constexpr = False):
+                       BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, PREC: tl.constexpr):
         """``hidden`` channels in chunks of ``BLOCK_H``: ``a`` is ``W_in`` rows ``[h, h+BLOCK_H)``,
-        ``b`` rows ``hidden + [h, h+BLOCK_H)``; the chunk's ``silu(a) * b`` meets ``W_out[:, h:...]``.
-        With ``RELOAD_X`` the residual ``x`` is loaded again after the loop (this program's own rows,
-        from L2 as a rule) instead of living in fp32 registers through it. Compiled for sm_90 (Triton
-        3.6.0, the tuned setting) it spills 312 bytes a thread against 368; the tuner times both."""
+        ``b`` rows ``hidden + [h, h+BLOCK_H)``; the chunk's ``silu(a) * b`` meets ``W_out[:, h:...]``."""
         i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
         x, _, _, xn = _normed(x_ptr, i, j, ok, s0, s1, sc, lnw_ptr, lnb_ptr, eps, C, True)
         xn = xn.to(wi_ptr.dtype.element_ty)
@@ -166,12 +162,7 @@ if HAS_TRITON:
             wo = tl.load(wo_ptr + c[None, :] * swo_n + (h0 + hh)[:, None] * swo_k)
             acc = tl.dot(act, wo, acc, input_precision=PREC)
         if RESIDUAL:
-            if RELOAD_X:
-                # another cache policy than the first load's, or the compiler merges the two loads
-                acc += tl.load(x_ptr + i[:, None] * s0 + j[:, None] * s1 + c[None, :] * sc, mask=ok[:, None],
-                               other=0.0, eviction_policy="evict_first").to(tl.float32)
-            else:
-                acc += x
+            acc += x
         tl.store(o_ptr + i[:, None] * o0 + j[:, None] * o1 + c[None, :] * oc, acc.to(o_ptr.dtype.element_ty),
                  mask=ok[:, None])
 
@@ -214,13 +205,15 @@ def usable(t: torch.Tensor, channels: int) -> bool:
 # Triton's warps and pipeline stages. The fastest of scripts/tune_triton_passes.py's alternatives on
 # one H100 at N=2,048 (2026-12-05: docs/benchmarks/2026-12-05-h100-triton/a/tune.json). The settings
 # chosen before on a CPU (8 warps for triangle_update and swiglu_transition, which spilled a few
-# registers with 4 when compiled for sm_90: scripts/triton_resources.py) were slower there.
+# registers with 4 when compiled for sm_90: scripts/triton_resources.py) were slower there. The
+# transition's 32-channel hidden step with 3 stages, timed on an H100 on 2026-12-06, took 4.99 ms
+# against 6.16 for 128 channels and 1 stage (docs/benchmarks/2026-12-06-h100-swiglu/w/tune_swiglu.json).
 TILES = {
     "norm_linear": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
     "triangle_operands": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1),
     "triangle_update": dict(BLOCK_M=64, num_warps=4, num_stages=3),
     "gated_output": dict(BLOCK_M=64, num_warps=4, num_stages=3),
-    "swiglu_transition": dict(BLOCK_M=64, BLOCK_H=128, num_warps=4, num_stages=1, RELOAD_X=False),
+    "swiglu_transition": dict(BLOCK_M=64, BLOCK_H=32, num_warps=4, num_stages=3),
 }
 # fp32 (the parity reference): 64-row tiles with 3 stages asked 311 KiB of shared memory in
 # triangle_operands on an H200 (227 KiB there; 2026-12-05)
