@@ -150,6 +150,9 @@ def test_other_launch_settings_give_the_same_result(monkeypatch, kernel, setting
             torch.testing.assert_close(got, want, **TOL)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script runs compiled (docs/benchmarks/planned); "
+                    "this checks its interpreted path on a CPU (the GPU image's Triton 3.6 interpreter fails on the "
+                    "kernels' scalar arguments)")
 def test_the_tuning_script_runs_every_setting(tmp_path):
     """``scripts/tune_triton_passes.py`` end to end at a tiny size (interpreted: a check, not a measurement)."""
     import json
