@@ -11,12 +11,7 @@ cd "$(dirname "$0")/../../.."
 OUT=${OUT:?set OUT}/callU
 source docs/benchmarks/planned/script_env.sh
 cat "$OUT/env.txt"
-NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-if [ -z "$NCU" ]; then
-  echo "no ncu on this machine" | tee "$OUT/ncu_missing.txt"
-  exit 3
-fi
-"$NCU" --version > "$OUT/ncu_version.txt" 2>&1
+source docs/benchmarks/planned/ncu_env.sh
 t0=$SECONDS
 # 5 launches per kernel (the parity call, 3 warmups, 1 repeat); each is replayed once per section pass
 timeout "${U_LIMIT_S:-300}" "$NCU" --target-processes all -k "regex:triton_tem|_attention_kernel" \

@@ -18,12 +18,7 @@ t0=$SECONDS
 timeout "${V_TIME_LIMIT_S:-150}" python3 scripts/tune_triton_passes.py --n 2048 --default-only --kernels $FWD $BWD \
   --out "$OUT/times.json" > "$OUT/times.log" 2>&1
 echo "times rc=$? $((SECONDS - t0)) s"; grep '"best"' "$OUT/times.log"
-NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-if [ -z "$NCU" ]; then
-  echo "no ncu on this machine" | tee "$OUT/ncu_missing.txt"
-  exit 3
-fi
-"$NCU" --version > "$OUT/ncu_version.txt" 2>&1
+source docs/benchmarks/planned/ncu_env.sh
 t0=$SECONDS
 timeout "${V_LIMIT_S:-300}" "$NCU" --target-processes all \
   -k "regex:_(norm_linear|triangle_operands|triangle_update|gated_output|swiglu)_(kernel|bwd)" \
