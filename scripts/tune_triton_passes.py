@@ -38,7 +38,7 @@ from cpbench.models.pairformer.ops import triton_passes as tp
 
 GRID = {"BLOCK_M": (64, 128), "num_warps": (4, 8), "num_stages": (1, 3)}
 STEP = {"norm_linear": ("BLOCK_N", (64, 128)), "triangle_operands": ("BLOCK_N", (64, 128)),
-        "swiglu_transition": ("BLOCK_H", (32, 64, 128))}
+        "triangle_update": ("BLOCK_N", (32, 64, 128)), "swiglu_transition": ("BLOCK_H", (32, 64, 128))}
 BWD_GRID = {"BLOCK_M": (32, 64), "num_warps": (4, 8), "num_stages": (1, 2)}
 BWD_STEP = {"norm_linear": ("BLOCK_N", (32, 64)), "triangle_operands": ("BLOCK_N", (32, 64)),
             "swiglu_transition": ("BLOCK_H", (32, 64))}

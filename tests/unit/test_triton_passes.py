@@ -74,8 +74,12 @@ def test_triangle_operands_into_channel_first_buffers(transposed, k):
     torch.testing.assert_close(fresh_b, want_b, **TOL)
 
 
+@pytest.mark.parametrize("block_n", [None, 16])  # the setting in the code, and output channels in steps
 @pytest.mark.parametrize("residual", [False, True])
-def test_triangle_update_reads_the_product_channel_first(residual):
+def test_triangle_update_reads_the_product_channel_first(monkeypatch, residual, block_n):
+    if block_n:
+        monkeypatch.setitem(triton_passes.TILES, "triangle_update", {**triton_passes.TILES["triangle_update"],
+                                                                     "BLOCK_N": block_n})
     x = randn(C, R, N).permute(1, 2, 0)  # the product's [c, r, N] as [r, N, c]
     z = pair(transposed=True)
     (lx_w, lx_b), (lz_w, lz_b), w_out, w_gate = ln_params(), ln_params(), weight(C, C), weight(C, C)
