@@ -82,7 +82,7 @@ def test_limits_give_each_kernels_dram_and_l2_bytes_in_gb():
     cols = ["ID", "Kernel Name", "gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
             "lts__t_bytes.sum"]
     rows = [["0", "_swiglu_kernel", "6,400,000", "1,073,741,824", "1,073,741,824", "25,769,803,776"]]
-    text = "\n".join([",".join(f'"{c}"' for c in cols), ",".join(['""'] * 2 + ['"nsecond"', '"byte"'] * 1 + ['"byte"'] * 2),
+    text = "\n".join([",".join(f'"{c}"' for c in cols), ",".join(['""'] * 2 + ['"nsecond"'] + ['"byte"'] * 3),
                       *(",".join(f'"{v}"' for v in row) for row in rows)])
     (row,) = profile_ops.kernel_limits(text)
     assert (row["ms"], row["dram_read_gb"], row["dram_write_gb"], row["l2_gb"]) == (6.4, 1.074, 1.074, 25.77)

@@ -183,8 +183,7 @@ def test_the_tuning_script_runs_every_setting(tmp_path):
                           timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     (row, best) = json.loads(out.read_text())["rows"]
-    from cpbench.models.pairformer.ops.triton_passes import TILES
-    assert row["setting"] == TILES["gated_output"] and best["default_ms"] == row["ms"]
+    assert row["setting"] == triton_passes.TILES["gated_output"] and best["default_ms"] == row["ms"]
 
 
 def test_the_transition_steps_over_hidden_channels_by_a_power_of_two_that_divides_them():

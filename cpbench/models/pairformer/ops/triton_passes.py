@@ -111,15 +111,15 @@ if HAS_TRITON:
     def _triangle_update_kernel(x_ptr, x0, x1, xc, z_ptr, z0, z1, zc, lnxw_ptr, lnxb_ptr, lnzw_ptr, lnzb_ptr,
                                 wo_ptr, swo_n, swo_k, wg_ptr, swg_n, swg_k, o_ptr, o0, o1, oc, M, ncols, eps,
                                 CX: tl.constexpr, C: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr,
-                                PREC: tl.constexpr, BLOCK_N: tl.constexpr = 0):
-        """``BLOCK_N`` 0 (or ``C``): every output channel in one step, with ``z`` kept in registers for
+                                PREC: tl.constexpr, BLOCK_N: tl.constexpr):
+        """``BLOCK_N`` = ``C``: every output channel in one step, with ``z`` kept in registers for
         the residual. Smaller: ``BLOCK_N`` output channels per step, each step's residual columns
         loaded again (this program's own rows), so two ``[BLOCK_M, BLOCK_N]`` accumulators and no
         fp32 ``z`` tile stay live: fewer registers a thread, weights staged per step."""
         i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
         _, _, _, xn = _normed(x_ptr, i, j, ok, x0, x1, xc, lnxw_ptr, lnxb_ptr, eps, CX, True)
         z, _, _, zn = _normed(z_ptr, i, j, ok, z0, z1, zc, lnzw_ptr, lnzb_ptr, eps, C, True)
-        if BLOCK_N == 0 or BLOCK_N == C:
+        if BLOCK_N == C:
             wo = _weight_t(wo_ptr, 0, C, swo_n, swo_k, CX, C)
             wg = _weight_t(wg_ptr, 0, C, swg_n, swg_k, C, C)
             upd = tl.dot(xn.to(wo.dtype), wo, input_precision=PREC)
