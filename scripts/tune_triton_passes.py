@@ -41,7 +41,7 @@ STEP = {"norm_linear": ("BLOCK_N", (64, 128)), "triangle_operands": ("BLOCK_N", 
         "triangle_update": ("BLOCK_N", (32, 64, 128)), "swiglu_transition": ("BLOCK_H", (32, 64, 128))}
 BWD_GRID = {"BLOCK_M": (32, 64), "num_warps": (4, 8), "num_stages": (1, 2)}
 BWD_STEP = {"norm_linear": ("BLOCK_N", (32, 64)), "triangle_operands": ("BLOCK_N", (32, 64)),
-            "triangle_update": ("BLOCK_N", (32, 64, 128)), "swiglu_transition": ("BLOCK_H", (32, 64))}
+            "swiglu_transition": ("BLOCK_H", (32, 64))}
 
 
 def cases(n: int, c_z: int, device: str) -> dict:

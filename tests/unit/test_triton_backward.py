@@ -89,13 +89,9 @@ def test_triangle_operands(transposed, k):
     assert_same_grads(triton_backward.triangle_operands, fused.triangle_operands, [z, ln_w, ln_b, weight(4 * k, C), mask])
 
 
-@pytest.mark.parametrize("block_n", [None, 16])  # the setting in the code, and output channels in steps
 @pytest.mark.parametrize("transposed", [False, True])
-def test_triangle_update(monkeypatch, transposed, block_n):
+def test_triangle_update(transposed):
     """``x`` as the product leaves it: a ``[c, R, N]`` leaf's ``permute(1, 2, 0)``."""
-    if block_n:
-        monkeypatch.setitem(triton_backward.BWD_TILES, "triangle_update",
-                            {**triton_backward.BWD_TILES["triangle_update"], "BLOCK_N": block_n})
     x = leaf(C, R, N).permute(1, 2, 0)
     z, (lx_w, lx_b), (lz_w, lz_b) = pair(transposed), ln_params(), ln_params()
     assert_same_grads(triton_backward.triangle_update, fused.triangle_update,

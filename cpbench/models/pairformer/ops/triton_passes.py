@@ -226,10 +226,12 @@ def usable(t: torch.Tensor, channels: int) -> bool:
 # registers with 4 when compiled for sm_90: scripts/triton_resources.py) were slower there. The
 # transition's 32-channel hidden step with 3 stages, timed on an H100 on 2026-12-06, took 4.99 ms
 # against 6.16 for 128 channels and 1 stage (docs/benchmarks/2026-12-06-h100-swiglu/w/tune_swiglu.json).
+# The update kernel in 32-channel output steps with 1 stage, timed on an H100 on 2026-12-06, took
+# 2.33 ms against 2.57 in one step with 3 stages (docs/benchmarks/2026-12-06-h100-update/w2/tune_update.json).
 TILES = {
     "norm_linear": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
     "triangle_operands": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1),
-    "triangle_update": dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
+    "triangle_update": dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1),
     "gated_output": dict(BLOCK_M=64, num_warps=4, num_stages=3),
     "swiglu_transition": dict(BLOCK_M=64, BLOCK_H=32, num_warps=4, num_stages=3),
 }
