@@ -1,7 +1,7 @@
 """The ``flex`` backend's pieces in isolation, at the trunk's shapes: triangle attention and the
 fused memory-bound passes, against their eager forms (inference, no autograd).
 
-    python scripts/flex_microbench.py [--n 2048] [--rows 256] [--cases attention options passes triton] [--out FILE]
+    python scripts/flex_microbench.py [--n 2048] [--rows 256] [--cases attention options backward passes triton] [--out FILE]
 
 Triangle attention is ``rows x 4 heads x N x 32`` (bf16 on CUDA) with one shared ``[4, N, N]``
 bias, as one row chunk of the op sees it. Cases:
@@ -17,6 +17,11 @@ bias, as one row chunk of the op sees it. Cases:
   ``TILES`` and each setting of ``TRITON_GRID``, beside the static flex kernel, on the model's
   strided q/k/v; each line carries its largest difference from flex's output and its share of
   the H200's measured bf16 matmul ceiling (``CEILING_TFLOPS``). Needs CUDA or ``TRITON_INTERPRET=1``;
+* ``backward``: the static flex kernel's forward and backward (gradients into q, k, v, as strided
+  views of one projection, and into the bias, as training takes them), under each of
+  ``BWD_OPTIONS`` (the backward kernel's blocks, stages and warps, ``bwd_``-prefixed
+  ``kernel_options``; the forward keeps its default); TFLOP/s counts the forward's and the
+  backward's matmuls (3.5× the forward's). CUDA only;
 * ``passes``: the fused passes of ``ops/fused.py`` (LayerNorm + q/k/v/g projection, the SwiGLU
   transition) on ``[rows, N, 128]``, eager against compiled static and dynamic.
 
@@ -50,6 +55,18 @@ OPTIONS = {
     "m64_n128_w4_s2": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2},
     "m128_n32_w4_s3": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
 }
+
+# the backward kernel's (BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2, num_stages, num_warps): inductor's default
+# for head dim 32 on sm_90 first (torch/_inductor/template_heuristics/triton.py, torch 2.11-2.13), then
+# its sm_8x choice for head dims under 64, and neighbours (BLOCK_N1 % BLOCK_M1 == 0 and BLOCK_M2 % BLOCK_N2 == 0)
+BWD_CONFIGS = ((64, 64, 64, 64, 3, 4), (32, 128, 128, 32, 3, 4), (64, 128, 128, 64, 3, 8), (64, 64, 64, 64, 2, 4),
+               (64, 64, 64, 64, 3, 8), (32, 64, 64, 32, 3, 4), (32, 32, 32, 32, 3, 4), (64, 128, 128, 64, 2, 4),
+               (128, 128, 128, 128, 2, 8), (32, 128, 128, 32, 2, 4), (16, 64, 64, 16, 3, 4), (64, 64, 64, 64, 1, 4))
+BWD_OPTIONS = {"default": None} | {
+    "blocks{}x{}x{}x{}_s{}_w{}".format(*cfg): {f"bwd_{key}": val for key, val in zip(
+        ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "num_stages", "num_warps"), cfg)}
+    for cfg in BWD_CONFIGS[1:]}
+BWD_FLOP_FACTOR = 3.5  # forward 2 matmuls, backward 5 (recomputed scores, dP, dV, dQ, dK): 7/2
 
 # ops/triton_attention.py's launch settings tried by the ``triton`` cases (all combinations)
 # (on one H100, 2026-12-05, the two fastest of 32 settings ran 4 warps and 3 stages: 194 and 188 TFLOP/s;
@@ -147,6 +164,25 @@ def triton_cases(n: int, rows: int, device: torch.device, dtype: torch.dtype, re
             yield f"triton/{name}", f"{type(exc).__name__}: {str(exc)[:300]}", None
 
 
+def backward_cases(n: int, rows: int, device: torch.device, dtype: torch.dtype, repeats: int):
+    """(case, ms of one forward and backward or error) per ``BWD_OPTIONS`` entry."""
+    qkvg = torch.randn(rows, n, 4, HEADS, HEAD_DIM, device=device, dtype=dtype, requires_grad=True)
+    bias = torch.randn(HEADS, n, n, device=device, dtype=dtype, requires_grad=True)
+    grad_out = torch.randn(rows, HEADS, n, HEAD_DIM, device=device, dtype=dtype)
+    for name, opts in BWD_OPTIONS.items():
+        run = fresh_compile(flex_biased, dynamic=False)
+
+        def step():
+            q, k, v = (t.transpose(1, 2) for t in qkvg.unbind(2)[:3])  # [rows, h, N, d] views
+            with torch.enable_grad():
+                torch.autograd.grad(run(q, k, v, bias, opts), (qkvg, bias), grad_out)
+
+        try:
+            yield f"backward/{name}", time_ms(step, device, repeats=repeats)
+        except Exception as exc:  # noqa: BLE001 -- a configuration that does not compile is a result
+            yield f"backward/{name}", f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
 def pass_cases(n: int, rows: int, device: torch.device, dtype: torch.dtype, repeats: int):
     z = torch.randn(rows, n, C_Z, device=device, dtype=dtype)
     ln_w, ln_b = torch.ones(C_Z, device=device, dtype=dtype), torch.zeros(C_Z, device=device, dtype=dtype)
@@ -163,7 +199,8 @@ def pass_cases(n: int, rows: int, device: torch.device, dtype: torch.dtype, repe
             yield f"{name}/{mode}", time_ms(lambda: run(*args), device, repeats=repeats)
 
 
-CASES = {"attention": attention_cases, "options": option_cases, "passes": pass_cases, "triton": triton_cases}
+CASES = {"attention": attention_cases, "options": option_cases, "backward": backward_cases, "passes": pass_cases,
+         "triton": triton_cases}
 
 
 def main() -> None:
@@ -183,8 +220,8 @@ def main() -> None:
     torch.manual_seed(0)
     lines = []
     for case_set in args.cases:
-        if case_set == "options" and device.type != "cuda":
-            print(json.dumps({"case": "options", "skipped": "Triton kernel options: CUDA only"}), flush=True)
+        if case_set in ("options", "backward") and device.type != "cuda":
+            print(json.dumps({"case": case_set, "skipped": "Triton kernel options: CUDA only"}), flush=True)
             continue
         if case_set == "triton" and device.type != "cuda" and not triton_passes.interpreted():
             print(json.dumps({"case": "triton", "skipped": "CUDA or TRITON_INTERPRET=1 only"}), flush=True)
@@ -199,7 +236,7 @@ def main() -> None:
             else:
                 line["median_ms"] = round(ms, 3)
                 if case_set != "passes":
-                    line["tflops"] = float(f"{flop / ms / 1e9:.3g}")
+                    line["tflops"] = float(f"{flop * (BWD_FLOP_FACTOR if case_set == 'backward' else 1) / ms / 1e9:.3g}")
                     line["of_ceiling"] = round(line["tflops"] / CEILING_TFLOPS, 3)
             print(json.dumps(line), flush=True)
             lines.append(line)
