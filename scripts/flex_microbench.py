@@ -172,9 +172,9 @@ def backward_cases(n: int, rows: int, device: torch.device, dtype: torch.dtype, 
     for name, opts in BWD_OPTIONS.items():
         run = fresh_compile(flex_biased, dynamic=False)
 
-        def step():
-            q, k, v = (t.transpose(1, 2) for t in qkvg.unbind(2)[:3])  # [rows, h, N, d] views
+        def step():  # time_ms runs it under no_grad: the views must be taken with grad enabled
             with torch.enable_grad():
+                q, k, v = (t.transpose(1, 2) for t in qkvg.unbind(2)[:3])  # [rows, h, N, d] views
                 torch.autograd.grad(run(q, k, v, bias, opts), (qkvg, bias), grad_out)
 
         try:
