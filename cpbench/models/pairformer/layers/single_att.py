@@ -48,8 +48,8 @@ class AttentionPairBias(nn.Module):
         Without autograd, chunked over rows: each chunk's ``[r, C, heads]`` projection is added to
         the key bias straight into its rows of the ``[heads, R, C]`` result (one pass, where a
         permuted sum would be written and then copied again to be contiguous)."""
-        if torch.is_grad_enabled():
-            return (self.bias_proj(self.norm_z(z)).permute(2, 0, 1) + keys).contiguous()
+        if torch.is_grad_enabled():  # one fused pass (the Triton kernel with model.passes=triton)
+            return (norm_linear(z, self.norm_z.weight, None, self.bias_proj.weight).permute(2, 0, 1) + keys).contiguous()
         n_rows, n_cols, c_z = z.shape
         bias = z.new_empty((self.heads, n_rows, n_cols))
         rc = chunking.rows_per_chunk(n_rows, n_cols * 2 * c_z * z.element_size(), chunking.budget_bytes(z))
