@@ -112,35 +112,23 @@ if HAS_TRITON:
                                 wo_ptr, swo_n, swo_k, wg_ptr, swg_n, swg_k, o_ptr, o0, o1, oc, M, ncols, eps,
                                 CX: tl.constexpr, C: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr,
                                 PREC: tl.constexpr, BLOCK_N: tl.constexpr):
-        """``BLOCK_N`` = ``C``: every output channel in one step, with ``z`` kept in registers for
-        the residual. Smaller: ``BLOCK_N`` output channels per step, each step's residual columns
-        loaded again (this program's own rows), so two ``[BLOCK_M, BLOCK_N]`` accumulators and no
-        fp32 ``z`` tile stay live: fewer registers a thread, weights staged per step."""
+        """``BLOCK_N`` output channels per step (``C`` at most: one step): two ``[BLOCK_M, BLOCK_N]``
+        accumulators live, the weights staged per step, and each step's residual columns loaded
+        again (this program's own rows) rather than an fp32 ``z`` tile kept in registers."""
         i, j, ok = _rows(tl.program_id(0), BLOCK_M, M, ncols)
         _, _, _, xn = _normed(x_ptr, i, j, ok, x0, x1, xc, lnxw_ptr, lnxb_ptr, eps, CX, True)
-        z, _, _, zn = _normed(z_ptr, i, j, ok, z0, z1, zc, lnzw_ptr, lnzb_ptr, eps, C, True)
-        if BLOCK_N == C:
-            wo = _weight_t(wo_ptr, 0, C, swo_n, swo_k, CX, C)
-            wg = _weight_t(wg_ptr, 0, C, swg_n, swg_k, C, C)
-            upd = tl.dot(xn.to(wo.dtype), wo, input_precision=PREC)
-            upd *= tl.sigmoid(tl.dot(zn.to(wg.dtype), wg, input_precision=PREC))
+        _, _, _, zn = _normed(z_ptr, i, j, ok, z0, z1, zc, lnzw_ptr, lnzb_ptr, eps, C, True)
+        xn = xn.to(wo_ptr.dtype.element_ty)
+        zn = zn.to(wg_ptr.dtype.element_ty)
+        for n0 in range(0, C, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            upd = tl.dot(xn, _weight_t(wo_ptr, n0, C, swo_n, swo_k, CX, BLOCK_N), input_precision=PREC)
+            upd *= tl.sigmoid(tl.dot(zn, _weight_t(wg_ptr, n0, C, swg_n, swg_k, C, BLOCK_N), input_precision=PREC))
             if RESIDUAL:
-                upd += z
-            c = tl.arange(0, C)
-            tl.store(o_ptr + i[:, None] * o0 + j[:, None] * o1 + c[None, :] * oc, upd.to(o_ptr.dtype.element_ty),
-                     mask=ok[:, None])
-        else:
-            xn = xn.to(wo_ptr.dtype.element_ty)
-            zn = zn.to(wg_ptr.dtype.element_ty)
-            for n0 in range(0, C, BLOCK_N):
-                n = n0 + tl.arange(0, BLOCK_N)
-                upd = tl.dot(xn, _weight_t(wo_ptr, n0, C, swo_n, swo_k, CX, BLOCK_N), input_precision=PREC)
-                upd *= tl.sigmoid(tl.dot(zn, _weight_t(wg_ptr, n0, C, swg_n, swg_k, C, BLOCK_N), input_precision=PREC))
-                if RESIDUAL:
-                    upd += tl.load(z_ptr + i[:, None] * z0 + j[:, None] * z1 + n[None, :] * zc, mask=ok[:, None],
-                                   other=0.0).to(tl.float32)
-                tl.store(o_ptr + i[:, None] * o0 + j[:, None] * o1 + n[None, :] * oc,
-                         upd.to(o_ptr.dtype.element_ty), mask=ok[:, None])
+                upd += tl.load(z_ptr + i[:, None] * z0 + j[:, None] * z1 + n[None, :] * zc, mask=ok[:, None],
+                               other=0.0).to(tl.float32)
+            tl.store(o_ptr + i[:, None] * o0 + j[:, None] * o1 + n[None, :] * oc,
+                     upd.to(o_ptr.dtype.element_ty), mask=ok[:, None])
 
     @triton.jit
     def _gated_output_kernel(o_ptr, q0, q1, qc, g_ptr, g0, g1, gc, w_ptr, swn, swk, acc_ptr, a0, a1, ac,
@@ -304,7 +292,7 @@ def triangle_update(x: torch.Tensor, z: torch.Tensor, ln_x_w: torch.Tensor, ln_x
     out = z if residual else torch.empty_like(z)
     w_out, w_gate = w_out.to(z.dtype), w_gate.to(z.dtype)
     tiles = _launch("triangle_update", z)
-    tiles["BLOCK_N"] = min(tiles["BLOCK_N"], C)  # C or more: the one-step path
+    tiles["BLOCK_N"] = min(tiles["BLOCK_N"], C)  # C or more: one step
     _triangle_update_kernel[(_grid_rows(r * n, tiles["BLOCK_M"]),)](
         x, *x.stride(), z, *z.stride(), ln_x_w, ln_x_b, ln_z_w, ln_z_b, w_out, *w_out.stride(),
         w_gate, *w_gate.stride(), out, *out.stride(), r * n, n, EPS, CX=x.shape[-1], C=C,
