@@ -5,6 +5,8 @@ Triton backward, here in Triton's interpreter), with the eager module's values a
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -24,7 +26,7 @@ def test_pair_bias_under_autograd_is_one_triton_pass_with_the_eager_gradients(mo
     calls = []
     fused_norm_linear = single_att.norm_linear
     monkeypatch.setattr(single_att, "norm_linear", lambda *a: calls.append(a) or fused_norm_linear(*a))
-    torch.manual_seed(int.from_bytes(__import__("os").urandom(4), "little"))
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
     op = single_att.AttentionPairBias(C_S, C_Z, HEADS)
     with torch.no_grad():
         op.norm_z.weight.mul_(torch.rand(C_Z) + 0.5)
