@@ -118,7 +118,7 @@ def calls(n: int, dtype: str = "bf16") -> dict[str, Callable[[], object]]:
     bias = torch.empty(HEADS, n, n, **bf)
 
     def grad(fn, *inputs):
-        leaves = [t.detach().requires_grad_() for t in inputs]
+        leaves = [t.detach().requires_grad_() if isinstance(t, torch.Tensor) else t for t in inputs]
         out = fn(*leaves)
         torch.autograd.backward(out, [torch.empty_like(t) for t in (out if isinstance(out, tuple) else (out,))])
 
@@ -131,9 +131,9 @@ def calls(n: int, dtype: str = "bf16") -> dict[str, Callable[[], object]]:
         "swiglu_transition": lambda: tp.swiglu_transition(z, ln_w, ln_b, w_in, w_out, True),
         "norm_linear_bwd": lambda: grad(tb.norm_linear, zt, ln_w, ln_b, w4),
         "triangle_operands_bwd": lambda: grad(lambda *a: tb.triangle_operands(*a, mask), zt, ln_w, ln_b, w4),
-        "triangle_update_bwd": lambda: grad(tb.triangle_update, x, z, ln_w, ln_b, ln_w, ln_b, w_sq, w_sq),
+        "triangle_update_bwd": lambda: grad(tb.triangle_update, x, z, ln_w, ln_b, ln_w, ln_b, w_sq, w_sq, True),
         "gated_output_bwd": lambda: grad(tb.gated_output, o, g, w_sq),
-        "swiglu_transition_bwd": lambda: grad(tb.swiglu_transition, z, ln_w, ln_b, w_in, w_out),
+        "swiglu_transition_bwd": lambda: grad(tb.swiglu_transition, z, ln_w, ln_b, w_in, w_out, True),
     }
 
 

@@ -2,7 +2,8 @@
 (input, LayerNorm weight and bias, projection weights) against autograd through the eager
 ``torch`` functions of ``ops/fused.py``, on fresh random inputs, fp32, on the strided views the
 autograd paths hand them (the transposed pair, the product's channel-first ``x``, row slices),
-in Triton's interpreter on the CPU; and the refusal of an in-place form."""
+in Triton's interpreter on the CPU; the residual forms (the input plus the update, its gradient
+summed in the backward kernel) against the eager ``x + update``; and the refusal of output buffers."""
 
 from __future__ import annotations
 
@@ -64,21 +65,24 @@ def test_norm_linear(transposed, out, ln_bias):
     assert_same_grads(triton_backward.norm_linear, fused.norm_linear, [z, ln_w, ln_b, w])
 
 
-@pytest.mark.parametrize("rows_2d", [False, True])
-def test_gated_output(rows_2d):
+@pytest.mark.parametrize("rows_2d, acc", [(False, None), (True, None), (False, "rows"), (False, "transposed")])
+def test_gated_output(rows_2d, acc):
+    """``acc``: the triangle attention's residual, z's rows (or the transposed view of the Z^T op)."""
     k = 2 * C
     proj = leaf(R, N, 2 * k)  # o and g as views of one projection, as the attention hands them
     o, g = proj[..., :k], proj[..., k:]
     if rows_2d:
         o, g = o.reshape(R * N, k), g.reshape(R * N, k)
-    assert_same_grads(triton_backward.gated_output, fused.gated_output, [o, g, weight(C, k)])
+    inputs = [o, g, weight(C, k)] + ([] if acc is None else [pair(acc == "transposed")])
+    assert_same_grads(triton_backward.gated_output, fused.gated_output, inputs)
 
 
 @pytest.mark.parametrize("transposed", [False, True])
-def test_swiglu_transition(transposed):
+@pytest.mark.parametrize("residual", [False, True])
+def test_swiglu_transition(transposed, residual):
     x, (ln_w, ln_b) = pair(transposed), ln_params()
     assert_same_grads(triton_backward.swiglu_transition, fused.swiglu_transition,
-                      [x, ln_w, ln_b, weight(8 * C, C), weight(C, 4 * C)])
+                      [x, ln_w, ln_b, weight(8 * C, C), weight(C, 4 * C), residual])
 
 
 @pytest.mark.parametrize("transposed", [False, True])
@@ -90,15 +94,27 @@ def test_triangle_operands(transposed, k):
 
 
 @pytest.mark.parametrize("transposed", [False, True])
-def test_triangle_update(transposed):
+@pytest.mark.parametrize("residual", [False, True])
+def test_triangle_update(transposed, residual):
     """``x`` as the product leaves it: a ``[c, R, N]`` leaf's ``permute(1, 2, 0)``."""
     x = leaf(C, R, N).permute(1, 2, 0)
     z, (lx_w, lx_b), (lz_w, lz_b) = pair(transposed), ln_params(), ln_params()
     assert_same_grads(triton_backward.triangle_update, fused.triangle_update,
-                      [x, z, lx_w, lx_b, lz_w, lz_b, weight(C, C), weight(C, C)])
+                      [x, z, lx_w, lx_b, lz_w, lz_b, weight(C, C), weight(C, C), residual])
 
 
-def test_in_place_forms_are_refused():
+@pytest.mark.parametrize("residual", [False, True])
+def test_residual_forms_leave_their_input_as_it_was(residual):
+    """Under autograd a residual is out of place: the input (saved for backward) keeps its values."""
+    x, (ln_w, ln_b) = pair(False), ln_params()
+    before = x.detach().clone()
+    out = triton_backward.swiglu_transition(x, ln_w, ln_b, weight(8 * C, C), weight(C, 4 * C), residual=residual)
+    assert out.data_ptr() != x.data_ptr()
+    torch.testing.assert_close(x.detach(), before, atol=0, rtol=0)
+
+
+def test_output_buffers_are_refused():
     z, (ln_w, ln_b) = pair(False), ln_params()
+    a_out, b_out = torch.empty(16, R, N), torch.empty(16, R, N)
     with pytest.raises(ValueError, match="out of place"):
-        triton_backward.swiglu_transition(z, ln_w, ln_b, weight(8 * C, C), weight(C, 4 * C), residual=True)
+        triton_backward.triangle_operands(z, ln_w, ln_b, weight(64, C), torch.ones(R, N), a_out, b_out)

@@ -35,13 +35,14 @@ class Transition(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         per_row_b = x[0].numel() * x.element_size() * (2 + 3 * self.proj_out.in_features // x.shape[-1])
         rc = chunking.rows_per_chunk(x.shape[0], per_row_b, chunking.budget_bytes(x))
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled():  # x plus the update, a new tensor (ops.fused: the sum in the op's pass)
             if rc >= x.shape[0]:
-                return x + self._update(x)
+                return self._update(x, residual=True)
             # Training: each row chunk is checkpointed, so its 4x-wide hidden activations are
-            # recomputed in backward instead of being kept for the whole pair tensor.
-            return x + torch.cat([checkpoint(self._update, x[rs], use_reentrant=False)
-                                  for rs in chunking.slices(x.shape[0], rc)])
+            # recomputed in backward instead of being kept for the whole pair tensor. ``split``,
+            # not slicing: its backward joins the chunks' gradients in one copy, where each
+            # slice's would be a zero-filled tensor the size of x, summed.
+            return torch.cat([checkpoint(self._update, rows, True, use_reentrant=False) for rows in x.split(rc)])
         for rs in chunking.slices(x.shape[0], rc):
             self._update(x[rs], residual=True)  # x[rs] += update
         return x

@@ -65,7 +65,7 @@ class TriangleAttention(nn.Module):
 
     def _attend(self, z_rows: torch.Tensor, bias: torch.Tensor, residual: bool = False) -> torch.Tensor:
         """Rows ``z_rows: [r, N, c_z]``, ``bias: [heads, N, N]`` -> update ``[r, N, c_z]``; with
-        ``residual``, ``z_rows += update`` in place and ``z_rows`` returned."""
+        ``residual``, ``z_rows`` plus the update (in place without autograd: ``z_rows``)."""
         r, n_pad, _ = z_rows.shape
         h, d = self.heads, self.head_dim
         q, k, v, g = self._norm_linear(z_rows, self.qkvg).view(r, n_pad, 4, h, d).unbind(2)
@@ -89,11 +89,11 @@ class TriangleAttention(nn.Module):
             per_row = n_pad * (2 * c_z + 7 * h * d) + (0 if kernels.compiling(z) else 3 * h * n_pad * n_pad)
             per_row_b = per_row * z.element_size()
             rc = chunking.rows_per_chunk(n_local, per_row_b, chunking.budget_bytes(z))
-            if rc >= n_local:
-                return z + self._attend(z, bias)
+            if rc >= n_local:  # z plus the update, a new tensor (ops.fused: the sum in the output's pass)
+                return self._attend(z, bias, residual=True)
             # Checkpointed row chunks: backward keeps z and the bias, recomputes one chunk at a time.
-            return z + torch.cat([checkpoint(self._attend, z_rows, bias, use_reentrant=False)
-                                  for z_rows in z.split(rc)])
+            return torch.cat([checkpoint(self._attend, z_rows, bias, True, use_reentrant=False)
+                              for z_rows in z.split(rc)])
         # Per row: normed z, q/k/v/g, output; the unfused CPU kernel also holds the logits.
         per_row = n_pad * (2 * c_z + 6 * h * d) + (0 if z.is_cuda else 2 * h * n_pad)
         rc = chunking.rows_per_chunk(n_local, per_row * z.element_size(), chunking.budget_bytes(z))

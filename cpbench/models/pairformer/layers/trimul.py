@@ -62,7 +62,7 @@ class TriangleMultiplication(nn.Module):
 
     def _update(self, x_rows: torch.Tensor, z_rows: torch.Tensor, residual: bool = False) -> torch.Tensor:
         """Output stage for rows: ``x_rows: [r, N, c]``, ``z_rows: [r, N, c_z]`` -> ``[r, N, c_z]``;
-        with ``residual``, ``z_rows += update`` in place and ``z_rows`` returned."""
+        with ``residual``, ``z_rows`` plus the update (in place without autograd: ``z_rows``)."""
         return triangle_update(x_rows, z_rows, self.norm_out.weight, self.norm_out.bias, self.norm_in.weight,
                                self.norm_in.bias, self.proj_out.weight, self.gate_out.weight, residual)
 
@@ -81,8 +81,9 @@ class TriangleMultiplication(nn.Module):
         return triangle_product(left.contiguous(), right.contiguous(), layout)
 
     def _update_rows(self, x_rows: torch.Tensor, z_rows: torch.Tensor) -> torch.Tensor:
-        """``x_rows: [c, r, N]``, ``z_rows: [r, N, c_z]`` -> update ``[r, N, c_z]``."""
-        return self._update(x_rows.permute(1, 2, 0), z_rows)
+        """``x_rows: [c, r, N]``, ``z_rows: [r, N, c_z]`` -> ``z_rows`` plus the update, ``[r, N, c_z]``
+        (a new tensor: autograd)."""
+        return self._update(x_rows.permute(1, 2, 0), z_rows, residual=True)
 
     @staticmethod
     def _operand_row_bytes(n_pad: int, c_z: int, k: int, es: int) -> int:
@@ -108,7 +109,7 @@ class TriangleMultiplication(nn.Module):
         if 16 * pair_b <= budget_b:  # every activation of the op fits: no recompute
             left, right = self._operands(z, mask, slice(0, c_z))
             x = triangle_product(left.contiguous(), right.contiguous(), layout)
-            return z + self._update(x.permute(1, 2, 0), z)
+            return self._update(x.permute(1, 2, 0), z, residual=True)  # z plus the update, a new tensor
         # Checkpointed chunks: channels for the product, rows for the output stage, so backward
         # keeps z, x and one chunk's activations (~14 pair-sized tensors per channel otherwise).
         ck = chunking.divisor_chunk(c_z, 14 * pair_b // c_z, max(budget_b - 2 * pair_b, 0))
@@ -116,8 +117,8 @@ class TriangleMultiplication(nn.Module):
         x = torch.cat([checkpoint(self._product_chunk, z, mask, cs, layout, use_reentrant=False)
                        for cs in chunking.slices(c_z, ck)])
         rc = chunking.rows_per_chunk(n_local, 10 * pair_b // n_local, budget_b)
-        return z + torch.cat([checkpoint(self._update_rows, x_rows, z_rows, use_reentrant=False)
-                              for x_rows, z_rows in zip(x.split(rc, dim=1), z.split(rc, dim=0))])
+        return torch.cat([checkpoint(self._update_rows, x_rows, z_rows, use_reentrant=False)
+                          for x_rows, z_rows in zip(x.split(rc, dim=1), z.split(rc, dim=0))])
 
     def _forward_lean(self, z: torch.Tensor, mask: torch.Tensor, layout: Layout) -> torch.Tensor:
         n_local, n_pad, c_z = z.shape

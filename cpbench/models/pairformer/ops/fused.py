@@ -7,8 +7,9 @@ op (the matmuls stay cuBLAS). Weights come in as arguments so one compiled funct
 every layer of its kind. Shapes are per rank; ``rows`` is any leading shape (``[r, N]`` of a
 pair shard, ``[r]`` of a single shard), ``c`` the channels.
 
-The lean (no-autograd) paths write in place: with ``residual=True`` (``acc``) a function adds its
-update into its input and returns it, and ``triangle_operands`` can write into given buffers.
+With ``residual=True`` (``acc``) a function returns its input plus its update: the lean
+(no-autograd) paths add in place and return the input; under autograd the sum is a new tensor
+(``_plus``). ``triangle_operands`` can write into given buffers (not under autograd).
 Compiled, the add or the store is part of the last Triton pass (one pass fewer over z than an
 eager ``+=`` or copy afterwards, and a strided store, where the eager add on a transposed view of
 z, as the serial layout's Z^T ops get it, ran at less than half the contiguous add's speed on one
@@ -19,8 +20,10 @@ Under ``model.passes=triton`` (``flex`` on CUDA: ``kernels.triton_passes``) each
 runs its Triton kernel instead (``ops/triton_passes.py``: LayerNorm, projection, gates and the
 residual add in one pass that reads z once, writing in place with no transient tensor), where the
 shapes suit it (``triton_passes.usable``: power-of-two channels); otherwise the compiled region.
-Under autograd (compiled training) the out-of-place calls run the same kernels as autograd
-functions with a Triton backward (``ops/triton_backward.py``).
+Under autograd (compiled training) the calls run the same kernels as autograd functions with a
+Triton backward (``ops/triton_backward.py``), the residual forms included: the sum is written by the
+op's own kernel and its gradient added in the backward kernel's epilogue, so that a residual costs no
+pass over z of its own, forward or backward.
 """
 
 from __future__ import annotations
@@ -33,12 +36,18 @@ from cpbench.models.pairformer.ops.layer_norm import layer_norm
 from cpbench.models.pairformer.parallel import chunking
 
 
-def _on_triton(x: torch.Tensor, *channels: int, in_place: bool = False) -> bool:
+def _on_triton(x: torch.Tensor, *channels: int, buffers: bool = False) -> bool:
     """Whether ``x``'s pass runs as a Triton kernel (``model.passes=triton``, shapes it takes:
     ``[rows, c]`` or ``[r, N, c]``, ``channels`` each a size ``triton_passes.usable`` takes); under
-    autograd only out of place (``in_place``: a residual, accumulator or output buffer)."""
+    autograd only without output ``buffers``."""
     return (kernels.triton_passes(x) and x.dim() <= 3 and all(_tp().usable(x, c) for c in channels)
-            and not (in_place and torch.is_grad_enabled()))
+            and not (buffers and torch.is_grad_enabled()))
+
+
+def _plus(x: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
+    """``x + update``: in place without autograd (``x`` returned), a new tensor under autograd
+    (``x`` may be saved for backward)."""
+    return x + update if torch.is_grad_enabled() else x.add_(update)
 
 
 def _tp():
@@ -73,11 +82,11 @@ def _norm_linear(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor | None,
 def swiglu_transition(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w_in: torch.Tensor,
                       w_out: torch.Tensor, residual: bool = False) -> torch.Tensor:
     """The transition's update ``W_out(silu(a) * b)``, ``[a; b] = W_in LN(x)``: ``x: [rows, c]``;
-    with ``residual``, ``x += update`` in place and ``x`` returned."""
-    if _on_triton(x, x.shape[-1], in_place=residual) and _tp().swiglu_hidden_ok(w_out.shape[1]):
+    with ``residual``, ``x`` plus the update (``_plus``)."""
+    if _on_triton(x, x.shape[-1]) and _tp().swiglu_hidden_ok(w_out.shape[1]):
         return _triton().swiglu_transition(x, ln_w, ln_b, w_in, w_out, residual)
-    if residual and chunking.near_limit(x):
-        return x.add_(_swiglu_transition(x, ln_w, ln_b, w_in, w_out, False))
+    if residual and (torch.is_grad_enabled() or chunking.near_limit(x)):
+        return _plus(x, _swiglu_transition(x, ln_w, ln_b, w_in, w_out, False))
     return _swiglu_transition(x, ln_w, ln_b, w_in, w_out, residual)
 
 
@@ -92,11 +101,11 @@ def _swiglu_transition(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, 
 def gated_output(o: torch.Tensor, g: torch.Tensor, w_out: torch.Tensor,
                  acc: torch.Tensor | None = None) -> torch.Tensor:
     """``W_out(o * sigmoid(g))``: ``o, g: [rows, h·d]`` -> ``[rows, c]``; with ``acc: [rows, c]``,
-    ``acc += W_out(...)`` in place and ``acc`` returned."""
-    if _on_triton(o, o.shape[-1], w_out.shape[0], in_place=acc is not None):
+    ``acc`` plus that (``_plus``)."""
+    if _on_triton(o, o.shape[-1], w_out.shape[0]):
         return _triton().gated_output(o, g, w_out, acc)
-    if acc is not None and chunking.near_limit(acc):
-        return acc.add_(_gated_output(o, g, w_out, None))
+    if acc is not None and (torch.is_grad_enabled() or chunking.near_limit(acc)):
+        return _plus(acc, _gated_output(o, g, w_out, None))
     return _gated_output(o, g, w_out, acc)
 
 
@@ -115,7 +124,7 @@ def triangle_operands(z: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w
     Returns ``(a, b)``, each ``[k, r, N]`` (channel-first: the layout the product batches over),
     written into ``a_out`` and ``b_out`` (views of the same shape, any strides) when given.
     """
-    if _on_triton(z, z.shape[-1], in_place=a_out is not None) and _tp().operand_channels_ok(w.shape[0] // 4):
+    if _on_triton(z, z.shape[-1], buffers=a_out is not None) and _tp().operand_channels_ok(w.shape[0] // 4):
         return _triton().triangle_operands(z, ln_w, ln_b, w, mask, a_out, b_out)
     if a_out is not None and chunking.near_limit(z):
         a, b = _triangle_operands(z, ln_w, ln_b, w, mask, None, None)
@@ -140,13 +149,13 @@ def triangle_update(x: torch.Tensor, z: torch.Tensor, ln_x_w: torch.Tensor, ln_x
                     ln_z_w: torch.Tensor, ln_z_b: torch.Tensor, w_out: torch.Tensor,
                     w_gate: torch.Tensor, residual: bool = False) -> torch.Tensor:
     """Triangle multiplication's output stage ``W_out LN(x) * sigmoid(W_g LN(z))``:
-    ``x: [r, N, c]``, ``z: [r, N, c_z]`` -> ``[r, N, c_z]``; with ``residual``, ``z += update``
-    in place and ``z`` returned."""
+    ``x: [r, N, c]``, ``z: [r, N, c_z]`` -> ``[r, N, c_z]``; with ``residual``, ``z`` plus the
+    update (``_plus``)."""
     weights = (ln_x_w, ln_x_b, ln_z_w, ln_z_b, w_out, w_gate)
-    if _on_triton(z, x.shape[-1], z.shape[-1], in_place=residual):
+    if _on_triton(z, x.shape[-1], z.shape[-1]):
         return _triton().triangle_update(x, z, *weights, residual)
-    if residual and chunking.near_limit(z):
-        return z.add_(_triangle_update(x, z, *weights, False))
+    if residual and (torch.is_grad_enabled() or chunking.near_limit(z)):
+        return _plus(z, _triangle_update(x, z, *weights, False))
     return _triangle_update(x, z, *weights, residual)
 
 

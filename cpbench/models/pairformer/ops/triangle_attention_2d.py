@@ -141,8 +141,8 @@ def triangle_attention_2d(mod, z: torch.Tensor, token_mask: torch.Tensor, layout
         q, k, v, g = mod._norm_linear(z, mod.qkvg).view(n_rows, n_cols, 4, h, d).unbind(2)
         kv = torch.stack([k.transpose(1, 2), v.transpose(1, 2)])  # [2, R, h, C(k), d]
         o = _RingAttention.apply(q.transpose(1, 2).contiguous(), kv, bias_t, key_b, walk, rc)
-        return z + gated_output(o.transpose(1, 2).reshape(n_rows, n_cols, h * d), g.reshape(n_rows, n_cols, h * d),
-                                mod.out.weight)
+        return gated_output(o.transpose(1, 2).reshape(n_rows, n_cols, h * d), g.reshape(n_rows, n_cols, h * d),
+                            mod.out.weight, z)  # z plus the update, a new tensor
     # Per row: normed z, q/k/v/g, two key/value tiles (double buffer) plus the skewed copy, the
     # fp32 accumulator and piece output.
     per_row_b = n_cols * (2 * c_z * es + 12 * h * d * es + 12 * h * d)

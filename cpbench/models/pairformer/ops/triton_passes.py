@@ -285,11 +285,11 @@ def operand_channels_ok(k: int) -> bool:
 
 def triangle_update(x: torch.Tensor, z: torch.Tensor, ln_x_w: torch.Tensor, ln_x_b: torch.Tensor,
                     ln_z_w: torch.Tensor, ln_z_b: torch.Tensor, w_out: torch.Tensor, w_gate: torch.Tensor,
-                    residual: bool = False) -> torch.Tensor:
+                    residual: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
     """``ops.fused.triangle_update``: ``x: [r, N, c]`` (any strides), ``z: [r, N, C]`` ->
-    ``[r, N, C]``; with ``residual`` the sum is written into ``z``."""
+    ``[r, N, C]``; with ``residual`` the sum, written into ``out`` when given (autograd), else into ``z``."""
     r, n, C = z.shape
-    out = z if residual else torch.empty_like(z)
+    out = out if out is not None else z if residual else torch.empty_like(z)
     w_out, w_gate = w_out.to(z.dtype), w_gate.to(z.dtype)
     tiles = _launch("triangle_update", z)
     tiles["BLOCK_N"] = min(tiles["BLOCK_N"], C)  # C or more: one step
@@ -300,13 +300,15 @@ def triangle_update(x: torch.Tensor, z: torch.Tensor, ln_x_w: torch.Tensor, ln_x
     return out
 
 
-def gated_output(o: torch.Tensor, g: torch.Tensor, w_out: torch.Tensor, acc: torch.Tensor | None = None) -> torch.Tensor:
-    """``ops.fused.gated_output``: ``o, g: [r, N, K]`` -> ``[r, N, C]``; with ``acc`` the sum is
-    written into ``acc``."""
+def gated_output(o: torch.Tensor, g: torch.Tensor, w_out: torch.Tensor, acc: torch.Tensor | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """``ops.fused.gated_output``: ``o, g: [r, N, K]`` -> ``[r, N, C]``; with ``acc`` the sum,
+    written into ``out`` when given (autograd), else into ``acc``."""
     o3, g3 = _as3(o), _as3(g)
     R, N, K = o3.shape
     C = w_out.shape[0]
-    out = acc if acc is not None else torch.empty((*o.shape[:-1], C), dtype=o.dtype, device=o.device)
+    if out is None:
+        out = acc if acc is not None else torch.empty((*o.shape[:-1], C), dtype=o.dtype, device=o.device)
     u3 = _as3(out)
     a3 = u3 if acc is None else _as3(acc)
     w_out = w_out.to(o.dtype)
@@ -318,13 +320,14 @@ def gated_output(o: torch.Tensor, g: torch.Tensor, w_out: torch.Tensor, acc: tor
 
 
 def swiglu_transition(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w_in: torch.Tensor,
-                      w_out: torch.Tensor, residual: bool = False) -> torch.Tensor:
+                      w_out: torch.Tensor, residual: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
     """``ops.fused.swiglu_transition``: ``x: [r, N, C]`` or ``[rows, C]``, ``w_in: [2H, C]``,
-    ``w_out: [C, H]`` -> ``[..., C]``; with ``residual`` the sum is written into ``x``."""
+    ``w_out: [C, H]`` -> ``[..., C]``; with ``residual`` the sum, written into ``out`` when given
+    (autograd), else into ``x``."""
     x3 = _as3(x)
     R, N, C = x3.shape
     hidden = w_out.shape[1]
-    out = x if residual else torch.empty_like(x)
+    out = out if out is not None else x if residual else torch.empty_like(x)
     o3 = _as3(out)
     w_in, w_out = w_in.to(x.dtype), w_out.to(x.dtype)
     tiles = _launch("swiglu_transition", x)
