@@ -215,24 +215,6 @@ class _CopyTally(TorchDispatchMode):
         return out
 
 
-class _PairWrites(TorchDispatchMode):
-    """Dispatcher ops whose output holds at least ``numel`` elements (a z shard's), counted per op
-    name and grad mode: ``grad`` the forward and its checkpoint recomputes, ``no_grad`` the backward
-    and the optimizer (the autograd engine runs backward with grad off)."""
-
-    def __init__(self, numel: int) -> None:
-        super().__init__()
-        self.numel, self.counts = numel, {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        first = out[0] if isinstance(out, (list, tuple)) and out else out
-        if torch.is_tensor(first) and first.numel() >= self.numel:
-            key = f"{func.overloadpacket.__name__} ({'grad' if torch.is_grad_enabled() else 'no_grad'})"
-            self.counts[key] = self.counts.get(key, 0) + 1
-        return out
-
-
 def _copy_table(ops: list, s: torch.Tensor, z: torch.Tensor) -> dict[str, dict]:
     """One more block under ``_CopyTally``: per op, the bytes its copies, clones and fills write, in
     units of this rank's z (``z_shards``), by dispatcher op. Transposes count with the op they feed."""
@@ -457,7 +439,7 @@ def profile_passes(n_tokens: int, backend: str, warmup: int, dtype: str, ncu: st
 
 
 def profile_training(n_tokens: int, blocks: int, variant: str, repeats: int, lean: bool, device: torch.device,
-                     dtype: str = "bf16", port: int = 29533, pair_writes: bool = False) -> dict:
+                     dtype: str = "bf16", port: int = 29533) -> dict:
     """Training steps of the trunk at ``n_tokens`` under ``variant`` (module docstring: ``train``)."""
     mesh = one_rank_mesh(device, port)
     compiled = variant.startswith("compiled")
@@ -488,10 +470,6 @@ def profile_training(n_tokens: int, blocks: int, variant: str, repeats: int, lea
     stage_peaks = stats.get("stage_peak_gib") or {}
     if stage_peaks:
         row["peak_gib"], row["stage_peak_gib"] = max(stage_peaks.values()), stage_peaks
-    if pair_writes:
-        with _PairWrites(n_tokens * n_tokens * adapter.sizes["c_z"]) as tally:
-            adapter.run_step(model, batch, True, lean=lean)
-        row["pair_writes"] = dict(sorted(tally.counts.items(), key=lambda kv: -kv[1]))
     if device.type == "cuda":
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             adapter.run_step(model, batch, True, lean=lean)
@@ -537,9 +515,6 @@ def main() -> None:
                      choices=("eager", "eager_block", "compiled", "compiled_block", "compiled_triton", "compiled_triton_block"))
     trn.add_argument("--lean", action="store_true", help="lean chunk budgets (what a probe's fitting point runs)")
     trn.add_argument("--port", type=int, default=29533)
-    trn.add_argument("--pair-writes", action="store_true",
-                     help="one more step: the ops that write a tensor the size of z (adds, copies), by grad mode; "
-                          "on a CPU (no compiled region under its dispatch mode; TRITON_INTERPRET=1 for the Triton passes)")
     trn.set_defaults(repeats=2)
     args = p.parse_args()
     if args.mode == "limits":
@@ -571,10 +546,8 @@ def main() -> None:
                                                       args.dtype, args.kernel_rows, mesh, args.copies)
                 for backend in args.kernels]
     else:
-        if args.pair_writes and device.type != "cpu":
-            p.error("--pair-writes: on a CPU only (--device cpu): compiled regions do not run under its dispatch mode")
         runs = [lambda: profile_training(args.n, args.blocks, args.variant, args.repeats, args.lean, device,
-                                         args.dtype, args.port, args.pair_writes)]
+                                         args.dtype, args.port)]
     rows = []
     for run in runs:
         rows.append(run())
