@@ -44,6 +44,12 @@ def _on_triton(x: torch.Tensor, *channels: int, buffers: bool = False) -> bool:
             and not (buffers and torch.is_grad_enabled()))
 
 
+def _adds_after(x: torch.Tensor) -> bool:
+    """Whether a residual form adds its update after the compiled region rather than inside it
+    (``_plus``): under autograd (out of place) or near the memory limit (``chunking.near_limit``)."""
+    return torch.is_grad_enabled() or chunking.near_limit(x)
+
+
 def _plus(x: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
     """``x + update``: in place without autograd (``x`` returned), a new tensor under autograd
     (``x`` may be saved for backward)."""
@@ -85,7 +91,7 @@ def swiglu_transition(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w
     with ``residual``, ``x`` plus the update (``_plus``)."""
     if _on_triton(x, x.shape[-1]) and _tp().swiglu_hidden_ok(w_out.shape[1]):
         return _triton().swiglu_transition(x, ln_w, ln_b, w_in, w_out, residual)
-    if residual and (torch.is_grad_enabled() or chunking.near_limit(x)):
+    if residual and _adds_after(x):
         return _plus(x, _swiglu_transition(x, ln_w, ln_b, w_in, w_out, False))
     return _swiglu_transition(x, ln_w, ln_b, w_in, w_out, residual)
 
@@ -104,7 +110,7 @@ def gated_output(o: torch.Tensor, g: torch.Tensor, w_out: torch.Tensor,
     ``acc`` plus that (``_plus``)."""
     if _on_triton(o, o.shape[-1], w_out.shape[0]):
         return _triton().gated_output(o, g, w_out, acc)
-    if acc is not None and (torch.is_grad_enabled() or chunking.near_limit(acc)):
+    if acc is not None and _adds_after(acc):
         return _plus(acc, _gated_output(o, g, w_out, None))
     return _gated_output(o, g, w_out, acc)
 
@@ -154,7 +160,7 @@ def triangle_update(x: torch.Tensor, z: torch.Tensor, ln_x_w: torch.Tensor, ln_x
     weights = (ln_x_w, ln_x_b, ln_z_w, ln_z_b, w_out, w_gate)
     if _on_triton(z, x.shape[-1], z.shape[-1]):
         return _triton().triangle_update(x, z, *weights, residual)
-    if residual and (torch.is_grad_enabled() or chunking.near_limit(z)):
+    if residual and _adds_after(z):
         return _plus(z, _triangle_update(x, z, *weights, False))
     return _triangle_update(x, z, *weights, residual)
 

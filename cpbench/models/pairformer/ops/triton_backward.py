@@ -431,14 +431,6 @@ class _TriangleUpdate(torch.autograd.Function):
         return dx, dz, dxw, dxb, dzw, dzb, _weight_grad(d_o, xn, w_out), _weight_grad(d_g, zn, w_gate), None
 
 
-def _out_of_place(**in_place) -> None:
-    """Refuse an output buffer: under autograd the operands are new tensors (``ops/fused.py``
-    sends calls with buffers under autograd to its compiled regions)."""
-    named = [name for name, value in in_place.items() if value is not None and value is not False]
-    if named:
-        raise ValueError(f"the Triton passes under autograd run out of place only; got {', '.join(named)}")
-
-
 def norm_linear(x, ln_w, ln_b, w):
     """``triton_passes.norm_linear`` with autograd."""
     return _NormLinear.apply(x, ln_w, ln_b, w)
@@ -457,8 +449,12 @@ def swiglu_transition(x, ln_w, ln_b, w_in, w_out, residual=False):
 
 
 def triangle_operands(z, ln_w, ln_b, w, mask, a_out=None, b_out=None):
-    """``triton_passes.triangle_operands`` (no output buffers) with autograd; ``mask`` gets no gradient."""
-    _out_of_place(a_out=a_out, b_out=b_out)
+    """``triton_passes.triangle_operands`` (no output buffers: under autograd the operands are new
+    tensors, and ``ops/fused.py`` sends calls with buffers to its compiled regions) with autograd;
+    ``mask`` gets no gradient."""
+    named = [name for name, buf in (("a_out", a_out), ("b_out", b_out)) if buf is not None]
+    if named:
+        raise ValueError(f"the Triton passes under autograd run out of place only; got {', '.join(named)}")
     return _TriangleOperands.apply(z, ln_w, ln_b, w, mask)
 
 
