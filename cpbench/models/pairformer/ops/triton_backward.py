@@ -329,7 +329,7 @@ class _GatedOutput(torch.autograd.Function):
         ctx.save_for_backward(o, g, w)
         if acc is None:
             return tp.gated_output(o, g, w)
-        return tp.gated_output(o, g, w, acc, out=torch.empty(acc.shape, dtype=acc.dtype, device=acc.device))
+        return tp.gated_output(o, g, w, acc, out=torch.empty_like(acc))
 
     @staticmethod
     def backward(ctx, dy):
