@@ -28,7 +28,7 @@
 #
 # EXPECT_GPU=NAME runs nothing (exit 3, $OUT/refused.txt) unless the GPU's name contains NAME.
 # ONLY=NAME[,NAME...] runs only those lines of the file (e.g. one line of a side-by-side campaign
-# when a call has too little time for the rest).
+# when a call has too little time for the rest); a name with no line refuses the run (exit 2).
 #
 # Written to $OUT: each job's folder and log ($OUT/NAME.log), env.txt (GPU, driver, clocks,
 # torch/CUDA/NCCL), nvidia-smi before and after, commit.txt, and one archive of it all
@@ -41,6 +41,11 @@ BUDGET_S=${BUDGET_S:-590}
 START=$(date +%s)
 mkdir -p "$OUT"
 left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
+# ONLY names lines of the file: a name that matches none is a typo, refused before anything runs
+only=${ONLY:-}
+for name in ${only//,/ }; do
+  grep -qE "^${name}[[:space:]]" "$CAMPAIGN" || { echo "ONLY=$only: $CAMPAIGN has no line named '$name'"; exit 2; }
+done
 # EXPECT_GPU=H200: run nothing unless the first GPU's name contains it (a call for one GPU model can
 # land on another: an H200 probe on an H100 measures an H100 figure)
 if [ -n "${EXPECT_GPU:-}" ]; then

@@ -1,6 +1,6 @@
 """``scripts/gpu_campaign.sh`` with ``EXPECT_GPU``: a campaign meant for one GPU model runs nothing
 on another (the machine's name comes from ``nvidia-smi``, here a stand-in on PATH); with ``ONLY``
-it takes only the named lines."""
+it takes only the named lines, and a name with no line refuses the run."""
 
 from __future__ import annotations
 
@@ -59,3 +59,12 @@ def test_only_takes_the_named_lines(tmp_path, only, taken):
     assert done.returncode == 0, done.stdout + done.stderr
     skipped = {line.split()[1].rstrip(":") for line in done.stdout.splitlines() if line.startswith("skip ")}
     assert skipped == taken, done.stdout
+
+
+def test_only_naming_no_line_runs_nothing(tmp_path):
+    """A name in ``ONLY`` that no line has (a typo, or a line not written yet) refuses the whole run
+    with one line naming it, before the GPU check or any job."""
+    done = run_campaign(tmp_path, "a 1 N=1\nb 1 N=2\n", ONLY="a,bb")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "has no line named 'bb'" in done.stdout
+    assert "job " not in done.stdout and "skip " not in done.stdout
