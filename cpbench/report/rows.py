@@ -228,12 +228,25 @@ def _row(path: Path, rec: dict, root: Path, peak_tflops_cfg: float | None) -> di
     row["comm bytes/block"] = stats.get("comm_bytes_per_block")
     row.update(comm_model_fields(rec.get("comm_model")))
     row["comm share"] = comm_share(stats)
-    for stage, ms in (stats.get("stage_ms") or {}).items():
+    for stage, ms in stage_ms_without_fill(rec).items():
         row[STAGE_PREFIX + str(stage)] = ms
     for stage, gib in (stats.get("stage_peak_gib") or {}).items():
         row[STAGE_PEAK_PREFIX + str(stage)] = gib
     row.update(_flops_fields(row, model, config, env, peak_tflops_cfg))
     return row
+
+
+def stage_ms_without_fill(rec: dict) -> dict[str, float]:
+    """``stats["stage_ms"]`` of a record, the last timed step's stages. Under emulation that step's
+    fill (``emulation_fill_ms[-1]``: the writes standing in for the collectives that the fake
+    group leaves undone, which the worker takes out of every timed step) is taken out of the
+    inference ``trunk`` stage too, where the per-block collectives run, so that the trunk's time is
+    compute as the step's median is. Training stages (forward, backward) are left as measured."""
+    stages = dict((rec.get("stats") or {}).get("stage_ms") or {})
+    fills = rec.get("emulation_fill_ms") or []
+    if fills and stages.get("trunk") is not None:
+        stages["trunk"] = max(float(stages["trunk"]) - float(fills[-1]), 0.0)
+    return stages
 
 
 def kernels_of(rec: dict, model: dict) -> str | None:

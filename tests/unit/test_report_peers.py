@@ -94,3 +94,26 @@ def test_only_the_trunk_only_reference_where_a_peer_ran(tmp_path):
     empty = tmp_path / "none"
     write(empty, "ref", reference(2048, "torch", 4000.0, 4.0, "2026-12-05T01:00:00+00:00"))
     assert "No peer implementation" in section(build_report(empty)["markdown"].read_text(), "Peer CP implementations")
+
+
+def with_fill(record: dict, trunk_ms: float, fills_ms: list[float]) -> dict:
+    """An emulated record whose last step's trunk stage still holds that step's fill (the worker
+    takes the fills out of each timed step's total, not out of the adapter's stages)."""
+    rec = copy.deepcopy(record)
+    rec["stats"]["stage_ms"] = {"trunk": trunk_ms}
+    rec["emulation_fill_ms"] = fills_ms
+    return rec
+
+
+def test_emulated_trunk_time_leaves_out_the_last_steps_fill(tmp_path):
+    """The trunk stage compared is compute, as the step's median is: each side's last fill is
+    taken out of it, so two peers whose emulation fills differ compare on what they compute."""
+    root = tmp_path / "run"
+    write(root, "ref", with_fill(reference(2048, "flex", 2000.0, 3.8, "2026-12-07T04:38:00+00:00"),
+                                 2100.0, [90.0, 100.0]))
+    write(root, "fcp", with_fill(foldcp(2048, "trifast+flex", 5600.0, 6.3, "2026-12-07T04:40:00+00:00",
+                                        backends=("trifast", "torch_flex_attn")), 5750.0, [140.0, 150.0]))
+    text = section(build_report(root)["markdown"].read_text(), "Peer CP implementations")
+    assert "| reference | cpbench abc1234 | flex | — | — | 2,048 | 2,000.0 |" in text, text
+    assert "| Fold-CP | boltz 2.2.1 (Fold-CP 15f9775) | trifast+flex | — | — | 2,048 | 5,600.0 |" in text, text
+    assert "Fold-CP / reference at N=2,048: time 2.80×" in text, text
