@@ -62,7 +62,8 @@ def peer_rows(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _trunk_ms(row: pd.Series) -> float | None:
-    """The trunk stage's time where the adapter timed it (both do for inference), else the step's."""
+    """The trunk stage's time where the adapter timed it (both do for inference: the last timed step's,
+    an emulated one's less its fill, ``rows.stage_ms_without_fill``), else the step's median."""
     trunk = row.get(STAGE_PREFIX + "trunk")
     return float(trunk) if row["workflow"] == "inference" and pd.notna(trunk) else row.get("walltime (ms)")
 
@@ -114,7 +115,8 @@ def peers_section(rows: pd.DataFrame) -> str:
             "configuration and kernel class (`plain`: both on PyTorch's own ops; `fastest`: each on its fastest "
             "kernels here). `z shards (N² term)`: the N² term of the probe's fitted per-rank peak over one rank's "
             "share of the pair tensor (`N²/K · 128` elements): the pair-sized tensors a rank keeps at large N. Time: "
-            "the trunk stage (inference) or the step (training), median. Peak: per rank, allocated; `× z shard`: "
+            "the last timed step's trunk stage (inference; emulated, less that step's fill) or the step's median "
+            "(training). Peak: per rank, allocated; `× z shard`: "
             "that peak over the same share. "
             "Ratios: peer over reference, at the same N. `≥`: a lower bound.", ""]
     for config, same in table.groupby(CONFIG, dropna=False, sort=True):
