@@ -177,6 +177,7 @@ class Point:
     comm_reserve_gib: float = 0.0  # emulate: device memory held back for the communicator the fake group lacks
     comm_reserve_source: str = ""  # where that figure comes from
     link: dict = field(default_factory=dict)  # the link config node, validated (cpbench.link)
+    memory_breakdown: bool = False  # timing: one more step under the profiler (cpbench.harness.breakdown)
 
     @property
     def ranks_launched(self) -> int:
@@ -479,6 +480,10 @@ def resolve_point(cfg: DictConfig) -> Point:
         raise ConfigError("memory.cuda_alloc_conf", alloc_conf,
                           "null or a PYTORCH_CUDA_ALLOC_CONF string such as expandable_segments:True")
 
+    breakdown = (data.get("memory") or {}).get("breakdown", False)
+    if not isinstance(breakdown, bool):
+        raise ConfigError("memory.breakdown", breakdown, "true or false")
+
     return Point(
         workflow=workflow["name"], train=bool(workflow.get("train")), topology=topology["name"], cp=cp,
         mesh_shape=mesh_shape, mesh_dim_names=dim_names, padding_unit=unit, N=n, N_atoms=n_atoms,
@@ -486,6 +491,7 @@ def resolve_point(cfg: DictConfig) -> Point:
         seed=_int("seed", data.get("seed")), profile=bool(data.get("profile")),
         memory_limit_gib=limit, cuda_alloc_conf=alloc_conf, model=model, probe=probe, timing=timing, input=input_name,
         emulate=emulate, comm_reserve_gib=reserve_gib, comm_reserve_source=reserve_source, link=link,
+        memory_breakdown=breakdown,
     )
 
 

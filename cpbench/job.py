@@ -52,6 +52,8 @@ SWEEP_STARTED_ENV = "CPBENCH_SWEEP_STARTED"
 PROBES_DIR = "probes"
 # Keys the probe of a configuration does not depend on (the timing points' sizes).
 PROBE_FREE_KEYS = ("N", "N_atoms")
+# Keys of a group that only a timing reads (one more step after the timed ones): not the probe's.
+PROBE_FREE_GROUP_KEYS = {"memory": ("breakdown",)}
 # How far a probe may go, not what its points measure: a probe's saved points (probe_state.json)
 # carry on under other values of these (a requeued job given a longer time limit, a probe split
 # over several runs on a machine lent for minutes at a time).
@@ -272,7 +274,11 @@ def probe_config(cfg: DictConfig) -> tuple[DictConfig, str]:
 
 
 def _probe_signature_config(probe_cfg: DictConfig) -> dict:
-    return {k: v for k, v in signature_config(probe_cfg).items() if k not in PROBE_FREE_KEYS}
+    config = {k: v for k, v in signature_config(probe_cfg).items() if k not in PROBE_FREE_KEYS}
+    for group, keys in PROBE_FREE_GROUP_KEYS.items():
+        if isinstance(config.get(group), dict):
+            config[group] = {k: v for k, v in config[group].items() if k not in keys}
+    return config
 
 
 def probe_state_signature(signature_config_: dict) -> str:

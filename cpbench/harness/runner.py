@@ -70,6 +70,7 @@ class PointRun:
     lean: bool = False                # run_step(..., lean=True): the adapter's irreducible peak
     profile_path: str | None = None   # "{rank}" is replaced by the rank
     count_collectives: bool = False   # an adapter that counts none: one more, untimed step counts them
+    memory_breakdown: bool = False    # one more, untimed step under the profiler (harness/breakdown.py)
 
 
 @dataclass
@@ -139,7 +140,7 @@ class Runner:
             "model": p.model, "seed": p.seed, "train": p.train, "memory_limit_gib": p.memory_limit_gib,
             "N": task.N, "n_atoms": task.n_atoms, "S": task.S, "run_blocks": task.run_blocks, "lean": task.lean,
             "warmup": task.warmup, "repeats": task.repeats, "profile_path": task.profile_path,
-            "count_collectives": task.count_collectives,
+            "count_collectives": task.count_collectives, "memory_breakdown": task.memory_breakdown,
             "timeout_s": task.timeout_s, "work_dir": str(work_dir),
             # The cores this job may use, shared by its local ranks: oversubscribed intra-op threads
             # distort CPU times (each parallel region waits for a descheduled thread).

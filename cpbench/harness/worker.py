@@ -11,8 +11,10 @@ Outcome (one JSON per rank): ``status`` ok | oom | error, ``message`` (one line)
 ``peak_alloc_gib``, ``peak_reserved_gib``, ``memory_measure``, ``times_ms`` (timing repeats,
 this rank), ``warmup_ms``, ``loss``, ``stats`` (the adapter's), ``seconds``,
 ``energy_j_per_step`` (NVML's energy counter over the timed repeats / repeats, this rank's GPU;
-None when absent: ``cpbench.harness.energy``). With ``count_collectives`` (timing) and more than one
-rank, an adapter whose stats have no ``comm_step`` runs one more step, untimed, whose collectives
+None when absent: ``cpbench.harness.energy``), ``memory_breakdown`` (with ``memory_breakdown``:
+one more step, untimed, under the profiler: what this rank keeps at its peak,
+``cpbench.harness.breakdown``). With ``count_collectives`` (timing) and more than one rank, an
+adapter whose stats have no ``comm_step`` runs one more step, untimed, whose collectives
 ``cpbench.harness.collectives`` counts into its stats. After every step a
 rank also writes ``<work_dir>/rank<R>.progress.json`` (``warmup_ms``, ``times_ms``, ``stats`` so
 far), which the runner reads when the point times out: how far a too-slow point got.
@@ -152,6 +154,13 @@ def run_rank(spec: dict, rank: int, device_index: int, outcome: dict) -> None:
             outcome["stats"].update(count_step(step, lambda: _sync(device)))
         except Exception as exc:  # noqa: BLE001 -- the timed steps stand; say why there are no counts
             outcome["stats"]["comm_count_error"] = _one_line(exc)
+    if spec.get("memory_breakdown"):  # one more step, untimed, under the profiler (every rank: collectives)
+        from cpbench.harness.breakdown import peak_breakdown
+
+        try:
+            outcome["memory_breakdown"] = peak_breakdown(step, device, model, batch, adapter)
+        except Exception as exc:  # noqa: BLE001 -- the timed steps stand; say why there is no breakdown
+            outcome["memory_breakdown"] = {"error": _one_line(exc)}
     outcome["status"], outcome["message"] = "ok", ""
 
 

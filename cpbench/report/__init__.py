@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from cpbench.report.backends import backends_section, read_parity
+from cpbench.report.breakdown import breakdown_section
 from cpbench.report.cp_curve import cp_curve_section, emulated_timing_section
 from cpbench.report.headline import headline_rows, headline_section, run_context
 from cpbench.report.load import load_records
@@ -116,6 +117,7 @@ def render_markdown(rows: pd.DataFrame, records: list[dict], plots: list, comman
         plots_section(plots),
         "## Readout\n\n" + readout(rows, baseline_max_n),
         memory_section(records, rows),
+        breakdown_section(records),
         flops_section(rows, records) if not rows.empty else "## FLOPs\n\nNo results.",
         backends_section(rows, parity or []),
         peers_section(rows),

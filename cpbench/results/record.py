@@ -73,6 +73,15 @@ in ``<sweep dir>/probes/<signature>/`` (a single run: ``<run dir>/probes/<signat
       "energy_j_per_step_per_rank": [..],    # NVML's energy counter per step, where the GPU has one
       "partial": {"warmup_ms": [..], "times_ms": [..], "stats": {..}},  # not ok: the steps rank 0 finished
       "profile_traces": ["trace_rank0.json", ..],             # with profile=true
+      "memory_breakdown": {"rank": 0, "peak_gib": .., "step_gib": .., "events": ..,  # memory.breakdown=true:
+                           "held_gib": {"parameters": .., "gradients": .., "optimizer_state": ..,
+                                        "inputs": .., "other_held": ..},  # other_held: CUDA only
+                           "sites": [{"site": "cpbench/models/... forward", "gib": .., "blocks": ..}],
+                           "other_sites_gib": .., "allocator_peak_gib": .., "allocator_start_gib": ..},
+                                             # what the rank with the highest peak keeps at the peak of
+                                             # one more step, untimed (cpbench.harness.breakdown; the
+                                             # allocator_* keys on CUDA only); {"rank", "error"} where
+                                             # it could not be taken
       "probe": {"signature": "9c1e...", "path": "<sweep dir>/probes/9c1e.../result.json",
                 "ran_here": true, "state": "done" | "run by another job",
                 "status": "ok", "max_n": 12288},  # routine=auto: its configuration's probe (below)

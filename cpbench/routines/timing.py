@@ -4,7 +4,9 @@ Each rank runs ``timing.warmup`` (>= 3) then ``timing.repeats`` (>= 5) steps, wi
 and ``torch.cuda.synchronize()`` around each (``cpbench.harness.worker``); an iteration's time is the
 slowest rank's, since the step is done only when every rank is. Peak memory is the max over
 ranks (per rank beside it); with ``profile=true`` every rank writes a torch.profiler trace
-of its first timed iteration beside result.json.
+of its first timed iteration beside result.json; with ``memory.breakdown=true`` every rank runs
+one more step, untimed, whose peak it breaks down (``cpbench.harness.breakdown``), and the record
+keeps the breakdown of the rank with the highest peak.
 """
 
 from __future__ import annotations
@@ -37,13 +39,22 @@ def comm_model(point: Point, counts: dict, median_ms: float) -> dict:
     return block
 
 
+def peak_rank_breakdown(breakdowns: list[dict | None]) -> dict:
+    """The breakdown of the rank whose breakdown peak is highest (``rank`` added): the rank that
+    decides whether a size fits; the first rank's error where none has a peak."""
+    ranked = [(b.get("peak_gib", -1.0), -r, r, b) for r, b in enumerate(breakdowns) if isinstance(b, dict)]
+    ranked.sort(key=lambda item: item[:2], reverse=True)
+    _, _, rank, chosen = ranked[0]
+    return {"rank": rank, **chosen}
+
+
 def run_timing(point: Point, runner: Runner, out_dir: Path | None) -> dict:
     """The timing fields of a result record (see cpbench/results.py)."""
     t = point.timing
     profile_path = str(out_dir / "trace_rank{rank}.json") if point.profile and out_dir is not None else None
     result = runner.run(PointRun(N=point.N, n_atoms=point.N_atoms, S=point.S, timeout_s=t.timeout_s,
                                  warmup=t.warmup, repeats=t.repeats, profile_path=profile_path,
-                                 count_collectives=True))
+                                 count_collectives=True, memory_breakdown=point.memory_breakdown))
     alloc, reserved = result.per_rank("peak_alloc_gib"), result.per_rank("peak_reserved_gib")
     known = [a for a in alloc if a is not None]
     out = {"status": result.status, "message": result.message, "seconds": round(result.seconds, 3),
@@ -70,6 +81,9 @@ def run_timing(point: Point, runner: Runner, out_dir: Path | None) -> dict:
     energy = result.per_rank("energy_j_per_step")  # NVML, per rank's GPU; absent without the counter
     if any(e is not None for e in energy):
         out["energy_j_per_step_per_rank"] = energy
+    breakdowns = result.per_rank("memory_breakdown")
+    if any(b is not None for b in breakdowns):
+        out["memory_breakdown"] = peak_rank_breakdown(breakdowns)
     if profile_path:
         out["profile_traces"] = [Path(profile_path.format(rank=r)).name for r in range(point.ranks_launched)]
     return out

@@ -91,11 +91,13 @@ def test_cpu_auto_cap_is_per_workflow_and_only_for_the_probe():
     assert timing.memory_limit_gib is None  # an auto timing runs uncapped
 
 
-def test_the_probe_of_a_configuration_does_not_depend_on_n():
+def test_the_probe_of_a_configuration_does_not_depend_on_n_or_the_timings_breakdown():
     a, sig_a = probe_config(compose_cfg("device=cpu", "model=tiny", "cp=2", "N=32"))
     _, sig_b = probe_config(compose_cfg("device=cpu", "model=tiny", "cp=2", "N=64", "N_atoms=1000"))
     _, sig_c = probe_config(compose_cfg("device=cpu", "model=tiny", "cp=4", "N=32"))
-    assert a.routine == "probe" and sig_a == sig_b != sig_c
+    _, sig_d = probe_config(compose_cfg("device=cpu", "model=tiny", "cp=2", "N=32", "memory.breakdown=true"))
+    _, sig_e = probe_config(compose_cfg("device=cpu", "model=tiny", "cp=2", "N=32", "memory.limit_gib=1"))
+    assert a.routine == "probe" and sig_a == sig_b == sig_d != sig_c and sig_e != sig_a
 
 
 def test_one_job_takes_the_probe_lock(tmp_path):
