@@ -31,6 +31,7 @@ Result (``memory_breakdown`` of the rank's outcome; GiB)::
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -110,10 +111,13 @@ def allocations(prof: torch.profiler.profile, device: torch.device) -> list[Allo
 
 
 def tensors_of(obj: Any) -> Iterable[torch.Tensor]:
-    """Every tensor in ``obj`` (nested dicts, lists, tuples, dataclass-like objects' attributes one
-    level down are not followed: batches are containers)."""
+    """Every tensor in ``obj``: a batch as the adapters build one (a tensor, or dicts, lists,
+    tuples and dataclasses of them, nested)."""
     if isinstance(obj, torch.Tensor):
         yield obj
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from tensors_of(getattr(obj, f.name))
     elif isinstance(obj, dict):
         for value in obj.values():
             yield from tensors_of(value)

@@ -68,11 +68,16 @@ def test_inference_probe_finds_an_oom_bounded_max_n(records):
 def test_an_emulated_2x2_step_leaves_fold_cps_collectives_out(tmp_path):
     """``emulate=true`` on Fold-CP's 2x2 grid: one worker (rank 0 over the fake group) runs the
     step, and what stands for its collectives (its DTensor redistributes, all-gathers, ring
-    receives) is clocked and left out of the step's time (``emulation_fill_ms``, one per repeat)."""
+    receives) is clocked and left out of the step's time (``emulation_fill_ms``, one per repeat).
+    With ``memory.breakdown=true``: what rank 0 keeps at its peak, its weights as Fold-CP's DTensors'
+    local shards, and the step's share charged to Fold-CP's own functions."""
     rec, line = _run(tmp_path, "emulated", ["topology=2d", "cp=4", "N=16", "model.blocks=1", "routine=timing",
-                                            "emulate=true"])
+                                            "emulate=true", "memory.breakdown=true"])
     assert rec["status"] == "ok" and rec["point"]["mesh_shape"] == [2, 2], rec["message"]
     assert len(rec["peak_alloc_gib_per_rank"]) == 1 and rec["stats"]["grid"] == "1x2x2"
     assert len(rec["emulation_fill_ms"]) == len(rec["times_ms"]) == 5
     assert all(ms > 0 for ms in rec["emulation_fill_ms"])
     assert "emulated" in line
+    breakdown = rec["memory_breakdown"]
+    assert breakdown["rank"] == 0 and breakdown["held_gib"]["parameters"] > 0, breakdown
+    assert any(s["site"].startswith("boltz/") for s in breakdown["sites"]), breakdown["sites"]

@@ -6,6 +6,8 @@ known function, the parameters, gradients, AdamW state and inputs held before it
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -60,6 +62,14 @@ def test_a_site_is_the_innermost_frame_of_the_models_own_code():
     assert site_of([]) == "(no frame)"
 
 
+@dataclasses.dataclass
+class _Batch:
+    """A batch as an adapter may build one (Fold-CP's is a dataclass)."""
+
+    x: torch.Tensor
+    extra: dict
+
+
 class _Owner:
     """An adapter-like owner of a model and its optimizer (``adapter._optimizer``)."""
 
@@ -71,7 +81,7 @@ def test_a_cpu_step_under_the_profiler_charges_its_peak_to_the_function_that_all
     torch.manual_seed(0)
     model = torch.nn.Linear(256, 256)
     owner = _Owner(model)
-    batch = {"x": torch.randn(64, 256)}
+    batch = _Batch(x=torch.randn(64, 256), extra={"mask": [torch.ones(64, dtype=torch.bool)]})
     side = 1024 + int(torch.randint(0, 256, (1,)))  # a fresh size each run: nothing cached stands in
 
     def big_mean(loss):
@@ -79,7 +89,7 @@ def test_a_cpu_step_under_the_profiler_charges_its_peak_to_the_function_that_all
         return loss + big.mean()
 
     def step():
-        loss = big_mean(model(batch["x"]).square().mean())
+        loss = big_mean(model(batch.x).square().mean())
         loss.backward()
         owner._optimizer.step()
         owner._optimizer.zero_grad(set_to_none=False)
@@ -90,7 +100,7 @@ def test_a_cpu_step_under_the_profiler_charges_its_peak_to_the_function_that_all
     assert out["held_gib"]["parameters"] == pytest.approx(param_b / GIB, abs=1e-8)
     assert out["held_gib"]["gradients"] == pytest.approx(param_b / GIB, abs=1e-8)
     assert out["held_gib"]["optimizer_state"] >= 2 * param_b / GIB  # exp_avg and exp_avg_sq (+ steps)
-    assert out["held_gib"]["inputs"] == pytest.approx(64 * 256 * 4 / GIB, abs=1e-8)
+    assert out["held_gib"]["inputs"] == pytest.approx((64 * 256 * 4 + 64) / GIB, abs=1e-8)  # nested in a dataclass
     top = out["sites"][0]
     assert top["site"].endswith("test_memory_breakdown.py big_mean"), out["sites"]
     assert top["gib"] >= side * side * 4 / GIB
