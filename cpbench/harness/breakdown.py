@@ -17,6 +17,12 @@ are grouped by where they were allocated:
   such frame (autograd's backward thread) to its backward node (``backward: MmBackward0``), else
   to the op (``aten::empty``).
 
+A free the profiler did not record (it follows the step's thread and autograd's, not gloo's
+workers or NCCL's watchdog, which free what a collective's work held last) would leave a block
+live for ever in the replay: such blocks are found (their address allocated again, or no tensor
+alive after the step at it) and left out, their bytes in ``unseen_frees_gib``
+(``seen_frees_only``).
+
 Sizes are what the allocator was asked for (the profiler's ``alloc_size``): on CUDA the
 allocator's ``max_memory_allocated`` over the same step is recorded beside it
 (``allocator_peak_gib``) as the check that the replay found the peak; on a CPU there is no such
@@ -26,7 +32,7 @@ Result (``memory_breakdown`` of the rank's outcome; GiB)::
 
     {"peak_gib": .., "held_gib": {"parameters": .., ...}, "step_gib": .., "sites": [
         {"site": "cpbench/models/pairformer/ops/triangle.py forward", "gib": .., "blocks": ..}, ...],
-     "other_sites_gib": .., "allocator_peak_gib": .. (CUDA), "events": ..}
+     "other_sites_gib": .., "unseen_frees_gib": .., "allocator_peak_gib": .. (CUDA), "events": ..}
 """
 
 from __future__ import annotations
@@ -168,10 +174,55 @@ def held_owners(model: Any, batch: Any, adapter: Any) -> dict[str, dict[int, int
     return out
 
 
-def replay(events: list[Alloc], held: dict[str, dict[int, int]], other_held_b: int | None) -> dict:
+def seen_frees_only(events: list[Alloc], alive_after: set[int] | None) -> tuple[list[Alloc], int]:
+    """``events`` less the blocks whose free the profiler did not record, and their bytes.
+
+    The profiler records a free only on a thread it follows (the step's own and autograd's):
+    a block whose last reference a collective's work held is freed on the backend's thread
+    (gloo's workers, NCCL's watchdog) when the work ends, and no event says so (a real gloo
+    step at cp=2 in the CPU tests: tens of MiB, from all-gathered chunks to the 8-byte tensors
+    that agree on a chunk size). Such a block shows itself when its address is allocated again
+    with no free in between, or when no tensor alive after the step (``alive_after``: storage
+    addresses; None: not known) starts at it. It is left out of the replay whole: it lived for
+    its collective, and the step had let it go. Emulated runs have none (the fake group holds
+    nothing), nor has cp=1."""
+    unseen: set[int] = set()
+    last_alloc: dict[int, int] = {}
+    for i, event in enumerate(events):
+        if event.size > 0:
+            if event.ptr in last_alloc:
+                unseen.add(last_alloc[event.ptr])
+            last_alloc[event.ptr] = i
+        else:
+            last_alloc.pop(event.ptr, None)
+    if alive_after is not None:
+        unseen.update(i for ptr, i in last_alloc.items() if ptr not in alive_after)
+    return [e for i, e in enumerate(events) if i not in unseen], sum(events[i].size for i in unseen)
+
+
+def alive_storages() -> set[int]:
+    """Addresses of every storage a live Python tensor holds now (a DTensor's local shard too)."""
+    import gc
+
+    found = set()
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.Tensor):  # not isinstance: no module's __class__ hook runs
+            for t in (obj, getattr(obj, "_local_tensor", None)):
+                if isinstance(t, torch.Tensor) and not t.is_meta:
+                    try:
+                        found.add(t.untyped_storage().data_ptr())
+                    except (RuntimeError, NotImplementedError):  # no storage (a wrapper subclass)
+                        pass
+    return found
+
+
+def replay(events: list[Alloc], held: dict[str, dict[int, int]], other_held_b: int | None,
+           alive_after: set[int] | None = None) -> dict:
     """The breakdown at the peak of ``events`` (see the module docstring); ``held`` the owners'
     storages at the step's start, ``other_held_b`` the rest of what was live then (None: unknown)."""
     owner_of = {ptr: owner for owner, ptrs in held.items() for ptr in ptrs}
+    recorded = len(events)
+    events, unseen_b = seen_frees_only(events, alive_after)
     live: dict[int, Alloc] = {}
     net = peak = 0
     peak_at = -1
@@ -209,7 +260,7 @@ def replay(events: list[Alloc], held: dict[str, dict[int, int]], other_held_b: i
             "step_gib": round(step_b / GIB, 9),
             "sites": [{"site": site, "gib": round(size / GIB, 9), "blocks": n} for site, (size, n) in ranked[:TOP_SITES]],
             "other_sites_gib": round(sum(size for _, (size, _) in ranked[TOP_SITES:]) / GIB, 9),
-            "events": len(events)}
+            "unseen_frees_gib": round(unseen_b / GIB, 9), "events": recorded}
 
 
 def peak_breakdown(step: Callable[[], Any], device: torch.device, model: Any, batch: Any, adapter: Any) -> dict:
@@ -227,7 +278,7 @@ def peak_breakdown(step: Callable[[], Any], device: torch.device, model: Any, ba
         step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-    out = replay(allocations(prof, device), held, other_held_b)
+    out = replay(allocations(prof, device), held, other_held_b, alive_storages())
     if device.type == "cuda":
         out["allocator_peak_gib"] = round(torch.cuda.max_memory_allocated(device) / GIB, 9)
         out["allocator_start_gib"] = round(start_b / GIB, 9)

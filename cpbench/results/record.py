@@ -77,7 +77,9 @@ in ``<sweep dir>/probes/<signature>/`` (a single run: ``<run dir>/probes/<signat
                            "held_gib": {"parameters": .., "gradients": .., "optimizer_state": ..,
                                         "inputs": .., "other_held": ..},  # other_held: CUDA only
                            "sites": [{"site": "cpbench/models/... forward", "gib": .., "blocks": ..}],
-                           "other_sites_gib": .., "allocator_peak_gib": .., "allocator_start_gib": ..},
+                           "other_sites_gib": .., "unseen_frees_gib": ..,  # blocks left out: freed on a
+                                             # backend's thread, which the profiler does not follow
+                           "allocator_peak_gib": .., "allocator_start_gib": ..},
                                              # what the rank with the highest peak keeps at the peak of
                                              # one more step, untimed (cpbench.harness.breakdown; the
                                              # allocator_* keys on CUDA only); {"rank", "error"} where

@@ -7,6 +7,7 @@ known function, the parameters, gradients, AdamW state and inputs held before it
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import pytest
 import torch
@@ -46,6 +47,38 @@ def test_replay_lists_the_top_sites_and_adds_up_the_rest():
     assert out["sites"][0]["site"] == f"m.py:{TOP_SITES + 2} f"
     assert out["other_sites_gib"] == pytest.approx((1 + 2 + 3) * MIB / GIB, abs=1e-6)
     assert "other_held" not in out["held_gib"]
+
+
+def test_a_block_freed_where_the_profiler_does_not_follow_is_left_out_of_the_replay():
+    events = [Alloc(1, 10, 4 * MIB, "comm.py:1 gather"),   # handed to a collective; its free not recorded
+              Alloc(2, 11, 1 * MIB, "comm.py:1 gather"),   # the same; freed when no tensor holds it after the step
+              Alloc(3, 10, 8 * MIB, "a.py:1 f"),           # the first one's address comes back: it was freed
+              Alloc(4, 12, 2 * MIB, "a.py:2 g")]           # alive after the step
+    kept = replay(events, {}, other_held_b=None, alive_after={10, 11, 12})
+    assert kept["step_gib"] == pytest.approx(11 * MIB / GIB) and kept["unseen_frees_gib"] == pytest.approx(4 * MIB / GIB)
+    assert [s["site"] for s in kept["sites"]] == ["a.py:1 f", "a.py:2 g", "comm.py:1 gather"]
+    dropped = replay(events, {}, other_held_b=None, alive_after={10})  # 11 and 12 dead after the step too
+    assert dropped["step_gib"] == pytest.approx(8 * MIB / GIB)
+    assert dropped["unseen_frees_gib"] == pytest.approx(7 * MIB / GIB)
+
+
+def test_a_block_another_thread_frees_does_not_stay_live_in_the_replay():
+    """The profiler records no free on a thread it does not follow (gloo's workers, NCCL's
+    watchdog free what a collective held): a Python thread stands in for them here."""
+    side = 512 + int(torch.randint(0, 64, (1,)))
+    handed: list[torch.Tensor] = []
+
+    def step():
+        handed.append(torch.ones(side, side))           # a quarter of the next block
+        worker = threading.Thread(target=handed.clear)  # the last reference goes on another thread
+        worker.start()
+        worker.join()
+        big = torch.ones(2 * side, 2 * side)
+        return big.sum()
+
+    out = peak_breakdown(step, torch.device("cpu"), None, None, None)
+    assert out["step_gib"] == pytest.approx(4 * side * side * 4 / GIB, rel=0.01), out  # the big block alone
+    assert out["unseen_frees_gib"] == pytest.approx(side * side * 4 / GIB, rel=0.01)
 
 
 def test_a_site_is_the_innermost_frame_of_the_models_own_code():
