@@ -116,15 +116,18 @@ def peers_section(rows: pd.DataFrame) -> str:
             "kernels here). `z shards (N² term)`: the N² term of the probe's fitted per-rank peak over one rank's "
             "share of the pair tensor (`N²/K · 128` elements): the pair-sized tensors a rank keeps at large N. Time: "
             "the last timed step's trunk stage (inference; emulated, less that step's fill) or the step's median "
-            "(training). Peak: per rank, allocated; `× z shard`: "
+            "(training). Peak: per rank, allocated (on a CPU the resident set above the worker's baseline, which "
+            "also counts the heap glibc keeps: compare peers there by *Memory at the peak*, torch's own "
+            "allocations); `× z shard`: "
             "that peak over the same share. "
             "Ratios: peer over reference, at the same N. `≥`: a lower bound.", ""]
     for config, same in table.groupby(CONFIG, dropna=False, sort=True):
         workflow, cp_config, dtype, device, hardware, sizes, klass = config
         sizes_note = f", {sizes}" if sizes else ""
         where = short_gpu(hardware) if isinstance(hardware, str) and hardware else device
+        peak_head = "peak, resident set (GiB)" if device == "cpu" else "peak (GiB)"
         text += [f"**{workflow}, {cp_config}, {dtype} on {where}{sizes_note}, {klass} kernels**", "",
-                 "| implementation | version | kernels | max N | z shards (N² term) | N | time (ms) | peak (GiB) | "
+                 f"| implementation | version | kernels | max N | z shards (N² term) | N | time (ms) | {peak_head} | "
                  "× z shard | status | date |",
                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         timings = {}
@@ -144,12 +147,12 @@ def peers_section(rows: pd.DataFrame) -> str:
                 text.append(f"| {impl} | {version} | {kernels} | {max_n} | {shards_n2} | {n:,} | {ms:,.1f} | "
                             f"{'' if pd.isna(peak) else f'{peak:.2f}'} | "
                             f"{'' if pd.isna(peak) else f'{peak / shard:.2f}'} | ok | {day_of(r.get('date'))} |")
-        text += [""] + _ratios(timings) + [""]
+        text += [""] + _ratios(timings, "resident-set peak" if device == "cpu" else "peak") + [""]
     return "\n".join(text).rstrip() + "\n"
 
 
-def _ratios(timings: dict[str, dict[int, pd.Series]]) -> list[str]:
-    """One line per peer and N both ran ok: time and peak, peer over reference."""
+def _ratios(timings: dict[str, dict[int, pd.Series]], peak_name: str = "peak") -> list[str]:
+    """One line per peer and N both ran ok: time and peak (named ``peak_name``), peer over reference."""
     ref = timings.get(REFERENCE) or {}
     lines = []
     for impl, by_n in timings.items():
@@ -161,6 +164,6 @@ def _ratios(timings: dict[str, dict[int, pd.Series]]) -> list[str]:
                 continue
             parts = [f"time {_trunk_ms(r) / _trunk_ms(base):.2f}×"]
             if pd.notna(r.get("peak_mem (GiB)")) and pd.notna(base.get("peak_mem (GiB)")):
-                parts.append(f"peak {r['peak_mem (GiB)'] / base['peak_mem (GiB)']:.2f}×")
+                parts.append(f"{peak_name} {r['peak_mem (GiB)'] / base['peak_mem (GiB)']:.2f}×")
             lines.append(f"{impl} / reference at N={n:,}: " + ", ".join(parts) + ".")
     return lines or ["No N where both ran ok: no ratio yet."]
