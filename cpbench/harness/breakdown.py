@@ -38,6 +38,7 @@ Result (``memory_breakdown`` of the rank's outcome; GiB)::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -76,42 +77,60 @@ def short_path(path: str) -> str:
     return "/".join(path.split("/")[-2:])
 
 
+_Context = tuple  # (site resolved so far or None, innermost op name or None)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _frame_site(name: str) -> str | None:
+    """``path function`` of a Python frame (``path(line): function``) of the model's own code, else None."""
+    match = _FRAME.match(name)
+    return f"{short_path(match['path'])} {match['func']}" if match and not _LIBRARY.search(match["path"]) else None
+
+
+def _enter(context: _Context, kind: str, name: str) -> _Context:
+    """The context inside an enclosing event, from the context around it: an inner frame of the
+    model's code or an inner backward node overrides what encloses it; another op only names
+    itself as the fallback."""
+    if kind == "op":
+        if name.startswith(_BACKWARD):
+            return "backward: " + name[len(_BACKWARD):], None
+        return context[0], name
+    site = _frame_site(name)
+    return (site, None) if site else context
+
+
+def _site(context: _Context) -> str:
+    return context[0] or context[1] or "(no frame)"
+
+
 def site_of(frames: Iterable[tuple[str, str]]) -> str:
     """The site of an allocation from its enclosing events, innermost first, each ``(kind, name)``
     with kind ``py`` (a Python frame, ``path(line): function``) or ``op`` (a torch op)."""
-    first_op = None
-    for kind, name in frames:
-        if kind == "op":
-            first_op = first_op or name
-            if name.startswith(_BACKWARD):
-                return "backward: " + name[len(_BACKWARD):]
-            continue
-        match = _FRAME.match(name)
-        if match and not _LIBRARY.search(match["path"]):
-            return f"{short_path(match['path'])} {match['func']}"
-    return first_op or "(no frame)"
+    context: _Context = (None, None)
+    for kind, name in reversed(list(frames)):
+        context = _enter(context, kind, name)
+    return _site(context)
 
 
 def allocations(prof: torch.profiler.profile, device: torch.device) -> list[Alloc]:
-    """The step's allocations and frees on ``device``, in time order, each with its site."""
+    """The step's allocations and frees on ``device``, in time order, each with its site (one
+    walk down the event tree, each event's context passed to its children)."""
     from torch._C._profiler import _EventType
 
+    kinds = {_EventType.PyCall: "py", _EventType.TorchOp: "op"}
     found: list[Alloc] = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    stack = [(node, (None, None)) for node in prof.profiler.kineto_results.experimental_event_tree()]
     while stack:
-        node = stack.pop()
-        stack.extend(node.children)
-        if node.tag != _EventType.Allocation:
+        node, context = stack.pop()
+        tag = node.tag
+        if tag == _EventType.Allocation:
+            fields = node.extra_fields
+            if fields.device.type == device.type and (device.index is None or fields.device.index == device.index):
+                found.append(Alloc(node.start_time_ns, int(fields.ptr), int(fields.alloc_size), _site(context)))
             continue
-        fields = node.extra_fields
-        if fields.device.type != device.type or (device.index is not None and fields.device.index != device.index):
-            continue
-        frames, parent = [], node.parent
-        while parent is not None:
-            if parent.tag in (_EventType.PyCall, _EventType.TorchOp):
-                frames.append(("py" if parent.tag == _EventType.PyCall else "op", parent.name))
-            parent = parent.parent
-        found.append(Alloc(node.start_time_ns, int(fields.ptr), int(fields.alloc_size), site_of(frames)))
+        if tag in kinds:
+            context = _enter(context, kinds[tag], node.name)
+        stack.extend((child, context) for child in node.children)
     found.sort(key=lambda a: a.time_ns)
     return found
 
