@@ -52,7 +52,9 @@ def breakdown_section(records: list[dict]) -> str:
             "caches; unknown on a CPU). In the step: allocated during the step and live at its peak. "
             "`× z shard`: the peak over one rank's share of the pair tensor (`N²/K · c_z` elements in the "
             "compute dtype). Allocator peak: `torch.cuda.max_memory_allocated` over the same step, the check "
-            "on the replay (CUDA only; a CPU's timing peak is its resident set, which this does not count).", "",
+            "on the replay (CUDA only; a CPU's timing peak is its resident set, which this does not count). Blocks "
+            "whose free the profiler did not see (a collective's buffers freed on gloo's or NCCL's own threads) "
+            "are left out of the replay and named under the sites.", "",
             "| model | workflow | CP config | N | dtype | hardware | rank | peak (GiB) | × z shard | "
             + " | ".join(label for _, label in HELD) + " | in the step | allocator peak | date |",
             "|" + "---|" * (9 + len(HELD) + 3)]
@@ -76,6 +78,9 @@ def breakdown_section(records: list[dict]) -> str:
                     + f" | {_gib(b.get('step_gib'))} | {_gib(b.get('allocator_peak_gib'))} | {date} |")
         top = [f"`{s['site']}` {s['gib']:.3f} GiB ({s['gib'] / shard:.2f} × z shard, {s['blocks']} blocks)"
                for s in (b.get("sites") or [])[:SITES_LISTED]]
+        unseen = b.get("unseen_frees_gib") or 0
+        if unseen > 0:  # blocks a backend's thread freed: out of the replay, named so the reader knows
+            top.append(f"left out, freed on a backend's own thread: {unseen:.3f} GiB")
         sites.append(f"- {label}: " + ("; ".join(top) if top else "nothing allocated in the step was live at its peak"))
     return "\n".join(text + ["", "Where the step's share was allocated (the functions holding the most at the peak):",
                              ""] + sites)

@@ -172,6 +172,9 @@ def test_the_report_shows_the_latest_breakdown_per_configuration_in_gib_and_z_sh
     assert cells[2] == "2d 2x2 cp=4 emulated" and cells[7] == "3.760"
     assert cells[8] == "15.04"  # 3.76 GiB over N²/4 · 128 bf16 elements (0.25 GiB)
     assert "`cpbench/models/pairformer/layers/trimul.py forward` 1.000 GiB (4.00 × z shard, 3 blocks)" in text
+    assert "freed on a backend's own thread:" not in text  # no unseen frees in these records
+    real = breakdown_section([_record("2026-12-07", 3.76, unseen_frees_gib=0.052)])
+    assert "left out, freed on a backend's own thread: 0.052 GiB" in real
     failed = breakdown_section([{**_record("2026-12-07", 1.0), "memory_breakdown": {"rank": 0, "error": "E: x"}}])
     assert "no breakdown (E: x)" in failed
     assert breakdown_section([{"routine": "timing", "point": {"N": 8}}]) == ""
