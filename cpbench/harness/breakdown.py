@@ -220,18 +220,17 @@ def seen_frees_only(events: list[Alloc], alive_after: set[int] | None) -> tuple[
 
 
 def alive_storages() -> set[int]:
-    """Addresses of every storage a live Python tensor holds now (a DTensor's local shard too)."""
+    """Addresses of every storage a live Python tensor holds now. A DTensor's local shard is a
+    tensor object of its own, so the walk meets it; the DTensor wrapper has no storage."""
     import gc
 
     found = set()
     for obj in gc.get_objects():
-        if issubclass(type(obj), torch.Tensor):  # not isinstance: no module's __class__ hook runs
-            for t in (obj, getattr(obj, "_local_tensor", None)):
-                if isinstance(t, torch.Tensor) and not t.is_meta:
-                    try:
-                        found.add(t.untyped_storage().data_ptr())
-                    except (RuntimeError, NotImplementedError):  # no storage (a wrapper subclass)
-                        pass
+        if issubclass(type(obj), torch.Tensor) and not obj.is_meta:  # not isinstance: no __class__ hook runs
+            try:
+                found.add(obj.untyped_storage().data_ptr())
+            except (RuntimeError, NotImplementedError):  # no storage (a wrapper subclass)
+                pass
     return found
 
 

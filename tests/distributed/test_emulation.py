@@ -9,9 +9,10 @@ The same peak is also counted in torch's own allocations (``memory.breakdown``, 
 under the profiler): there the emulated rank is within 5 % of the real rank 0 and holds the same
 weights, AdamW state and inputs, inference and training. In a real gloo run the profiler misses
 the frees that gloo's worker threads make (a collective's input, when the step let it go while the
-work still held it): the breakdown leaves those blocks out (``unseen_frees_gib``, tens of MiB
-here), and the real rank 0 then matched the emulated one to the byte in every configuration
-(2026-12-07: 1d cp=2 training 91.8 MiB over three real runs, inference 7.7; 2x2 training 54.0).
+work still held it): the breakdown leaves those blocks out (``unseen_frees_gib``: 0.3 to 55 MiB
+here, by configuration and run), and the real rank 0 then matched the emulated one to the byte in
+every configuration (2026-12-07: 1d cp=2 training 91.8 MiB in two real runs, inference 7.7 and
+2x2 training 54.0 in one each).
 Before that, a real run's peak moved from run to run with how many such blocks the replay still
 held (1d cp=2 training 90.7 to 97.8 MiB, the last on CI), and the emulated one, which has none,
 stayed put.
