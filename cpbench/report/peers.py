@@ -10,7 +10,8 @@ Per pair: max N (``≥`` where a lower bound) with the pair shards a rank keeps 
 term of the probe's fitted peak, ``rows.pair_term_gib``, in units of one rank's share of z,
 ``[N²/K, c_z]`` in the compute dtype), the trunk's time and per-rank peak at each N timed, and
 that peak in the same units: how much each keeps per rank beyond its share of z. Failed points keep their
-status, so a peer that has not run yet says why.
+status, so a peer that has not run yet says why. Beside a peer's 2d grid of K ranks the reference's 1d
+layout of K ranks (``1d cp=K``, the rest of the configuration equal) has rows of its own (``reference, 1d``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from cpbench.report.analysis import best_fit, is_lower_bound
 from cpbench.report.rows import HARDWARE, PAIR_TERM, STAGE_PREFIX, day_of, short_gpu
 
 REFERENCE = "reference"
+REFERENCE_1D = "reference, 1d"  # the reference's 1d rows beside a peer's 2d grid of the same CP size
 PEERS = {"foldcp-": "Fold-CP"}  # model name prefix -> implementation
 REFERENCE_TRUNK_ONLY = "model.msa_blocks=0"
 PLAIN_KERNELS = {"torch", "reference"}  # the reference's model.kernels=torch; Fold-CP's reference backends
@@ -57,8 +59,25 @@ def peer_rows(rows: pd.DataFrame) -> pd.DataFrame:
     sel["implementation"] = impl[sel.index].map(lambda v: v[0])
     sel["sizes"] = impl[sel.index].map(lambda v: v[1])
     sel["kernel class"] = sel["kernels"].map(lambda k: "plain" if k in PLAIN_KERNELS else "fastest")
-    has_peer = sel.groupby(CONFIG, dropna=False)["implementation"].transform(lambda s: (s != REFERENCE).any())
+    sel = pd.concat([sel, _reference_1d_beside_grids(sel)], ignore_index=True)
+    has_peer = sel.groupby(CONFIG, dropna=False)["implementation"].transform(
+        lambda s: (~s.isin([REFERENCE, REFERENCE_1D])).any())
     return sel[has_peer]
+
+
+def _reference_1d_beside_grids(sel: pd.DataFrame) -> pd.DataFrame:
+    """The reference's 1d rows (``1d cp=K[ emulated]``) copied into each 2d configuration of the same
+    CP size (``2d AxB cp=K[ emulated]``, the rest of the configuration equal) as ``reference, 1d``:
+    a peer's grid beside both of the reference's layouts of K ranks."""
+    ref = sel[sel["implementation"] == REFERENCE]
+    grid = sel["CP config"].str.extract(r"^2d \S+ (cp=.*)$", expand=False)
+    copies = []
+    grids = sel.assign(_rest=grid)[grid.notna()][["CP config", "_rest"]].drop_duplicates()
+    for cp_config, rest in grids.itertuples(index=False):
+        one_d = ref[ref["CP config"] == f"1d {rest}"]
+        if not one_d.empty:
+            copies.append(one_d.assign(**{"CP config": cp_config, "implementation": REFERENCE_1D}))
+    return pd.concat(copies, ignore_index=True) if copies else sel.iloc[:0]
 
 
 def _trunk_ms(row: pd.Series) -> float | None:
@@ -79,7 +98,7 @@ def _version(group: pd.DataFrame, impl: str) -> str:
     known = group["version"].dropna() if "version" in group else pd.Series(dtype=object)
     if known.empty:
         return DASH
-    named = known[~known.str.startswith("cpbench ")] if impl != REFERENCE else known
+    named = known[~known.str.startswith("cpbench ")] if impl not in (REFERENCE, REFERENCE_1D) else known
     return named.iloc[-1] if not named.empty else f"{DASH} (run by {known.iloc[-1]})"
 
 
@@ -120,7 +139,8 @@ def peers_section(rows: pd.DataFrame) -> str:
             "also counts the heap glibc keeps: compare peers there by *Memory at the peak*, torch's own "
             "allocations); `× z shard`: "
             "that peak over the same share. "
-            "Ratios: peer over reference, at the same N. `≥`: a lower bound.", ""]
+            "Ratios: peer over reference, at the same N. `reference, 1d`: beside a 2d grid, the reference's 1d "
+            "layout of the same K ranks, its rows as measured. `≥`: a lower bound.", ""]
     for config, same in table.groupby(CONFIG, dropna=False, sort=True):
         workflow, cp_config, dtype, device, hardware, sizes, klass = config
         sizes_note = f", {sizes}" if sizes else ""
@@ -131,7 +151,8 @@ def peers_section(rows: pd.DataFrame) -> str:
                  "× z shard | status | date |",
                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         timings = {}
-        for impl, group in same.groupby("implementation", sort=False):
+        order = {REFERENCE: 0, REFERENCE_1D: 1}
+        for impl, group in sorted(same.groupby("implementation", sort=False), key=lambda kv: order.get(kv[0], 2)):
             timings[impl] = _latest_timings(group)
             version = _version(group, impl)
             kernels = ", ".join(sorted(group["kernels"].dropna().astype(str).unique())) or DASH
@@ -156,7 +177,7 @@ def _ratios(timings: dict[str, dict[int, pd.Series]], peak_name: str = "peak") -
     ref = timings.get(REFERENCE) or {}
     lines = []
     for impl, by_n in timings.items():
-        if impl == REFERENCE:
+        if impl in (REFERENCE, REFERENCE_1D):
             continue
         for n, r in sorted(by_n.items()):
             base = ref.get(n)

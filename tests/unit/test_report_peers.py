@@ -117,3 +117,25 @@ def test_emulated_trunk_time_leaves_out_the_last_steps_fill(tmp_path):
     assert "| reference | cpbench abc1234 | flex | — | — | 2,048 | 2,000.0 |" in text, text
     assert "| Fold-CP | boltz 2.2.1 (Fold-CP 15f9775) | trifast+flex | — | — | 2,048 | 5,600.0 |" in text, text
     assert "Fold-CP / reference at N=2,048: time 2.80×" in text, text
+
+
+def on_1d(record: dict) -> dict:
+    record["point"] |= {"topology": "1d", "mesh_shape": [4]}
+    return record
+
+
+def test_the_reference_1d_of_the_same_size_sits_beside_a_peers_grid(tmp_path):
+    """The reference's 1d cp=4 rows join the 2x2 configuration a peer ran (as ``reference, 1d``),
+    of the same kernel class only; the ratio stays the peer's over the reference's same grid."""
+    root = tmp_path / "run"
+    write(root, "ref_plain", reference(2048, "torch", 4000.0, 4.0, "2026-12-05T01:00:00+00:00"))
+    write(root, "ref_1d_plain", on_1d(reference(2048, "torch", 3400.0, 5.0, "2026-12-05T01:10:00+00:00")))
+    write(root, "ref_1d_fast", on_1d(reference(2048, "flex", 1300.0, 2.5, "2026-12-05T01:20:00+00:00")))
+    write(root, "fcp_plain", foldcp(2048, "reference", 6000.0, 6.0, "2026-12-05T02:00:00+00:00"))
+    text = section(build_report(root)["markdown"].read_text(), "Peer CP implementations")
+    lines = [line for line in text.splitlines() if line.startswith("| reference") or line.startswith("| Fold-CP")]
+    assert [line.split(" | ")[0] for line in lines] == ["| reference", "| reference, 1d", "| Fold-CP"], text
+    assert "| reference, 1d | cpbench abc1234 | torch | — | — | 2,048 | 3,400.0 | 5.00 |" in text, text
+    assert "1d cp=4" not in text and "1,300.0" not in text, text  # no group of its own; the other class has no peer
+    assert "Fold-CP / reference at N=2,048: time 1.50×, peak 1.50×." in text, text
+    assert "reference, 1d /" not in text
