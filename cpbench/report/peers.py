@@ -23,6 +23,7 @@ from cpbench.report.rows import HARDWARE, PAIR_TERM, STAGE_PREFIX, day_of, short
 
 REFERENCE = "reference"
 REFERENCE_1D = "reference, 1d"  # the reference's 1d rows beside a peer's 2d grid of the same CP size
+OURS = (REFERENCE, REFERENCE_1D)  # the implementations that are cpbench's own, in the order they are listed
 PEERS = {"foldcp-": "Fold-CP"}  # model name prefix -> implementation
 REFERENCE_TRUNK_ONLY = "model.msa_blocks=0"
 PLAIN_KERNELS = {"torch", "reference"}  # the reference's model.kernels=torch; Fold-CP's reference backends
@@ -60,8 +61,7 @@ def peer_rows(rows: pd.DataFrame) -> pd.DataFrame:
     sel["sizes"] = impl[sel.index].map(lambda v: v[1])
     sel["kernel class"] = sel["kernels"].map(lambda k: "plain" if k in PLAIN_KERNELS else "fastest")
     sel = pd.concat([sel, _reference_1d_beside_grids(sel)], ignore_index=True)
-    has_peer = sel.groupby(CONFIG, dropna=False)["implementation"].transform(
-        lambda s: (~s.isin([REFERENCE, REFERENCE_1D])).any())
+    has_peer = sel.groupby(CONFIG, dropna=False)["implementation"].transform(lambda s: (~s.isin(OURS)).any())
     return sel[has_peer]
 
 
@@ -69,15 +69,17 @@ def _reference_1d_beside_grids(sel: pd.DataFrame) -> pd.DataFrame:
     """The reference's 1d rows (``1d cp=K[ emulated]``) copied into each 2d configuration of the same
     CP size (``2d AxB cp=K[ emulated]``, the rest of the configuration equal) as ``reference, 1d``:
     a peer's grid beside both of the reference's layouts of K ranks."""
-    ref = sel[sel["implementation"] == REFERENCE]
-    grid = sel["CP config"].str.extract(r"^2d \S+ (cp=.*)$", expand=False)
-    copies = []
-    grids = sel.assign(_rest=grid)[grid.notna()][["CP config", "_rest"]].drop_duplicates()
-    for cp_config, rest in grids.itertuples(index=False):
-        one_d = ref[ref["CP config"] == f"1d {rest}"]
-        if not one_d.empty:
-            copies.append(one_d.assign(**{"CP config": cp_config, "implementation": REFERENCE_1D}))
+    ref_1d = sel[(sel["implementation"] == REFERENCE) & (sel["topology"] == "1d")]
+    grids = sel.loc[sel["topology"] == "2d", ["CP config", "cp", "emulated"]].drop_duplicates()
+    copies = [ref_1d[(ref_1d["cp"] == cp) & (ref_1d["emulated"] == emulated)]
+              .assign(**{"CP config": label, "implementation": REFERENCE_1D})
+              for label, cp, emulated in grids.itertuples(index=False)]
     return pd.concat(copies, ignore_index=True) if copies else sel.iloc[:0]
+
+
+def _listed_at(impl: str) -> int:
+    """Where an implementation's rows sit in its table: cpbench's own first (``OURS``), then the peers."""
+    return OURS.index(impl) if impl in OURS else len(OURS)
 
 
 def _trunk_ms(row: pd.Series) -> float | None:
@@ -98,7 +100,7 @@ def _version(group: pd.DataFrame, impl: str) -> str:
     known = group["version"].dropna() if "version" in group else pd.Series(dtype=object)
     if known.empty:
         return DASH
-    named = known[~known.str.startswith("cpbench ")] if impl not in (REFERENCE, REFERENCE_1D) else known
+    named = known[~known.str.startswith("cpbench ")] if impl not in OURS else known
     return named.iloc[-1] if not named.empty else f"{DASH} (run by {known.iloc[-1]})"
 
 
@@ -151,8 +153,7 @@ def peers_section(rows: pd.DataFrame) -> str:
                  "× z shard | status | date |",
                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         timings = {}
-        order = {REFERENCE: 0, REFERENCE_1D: 1}
-        for impl, group in sorted(same.groupby("implementation", sort=False), key=lambda kv: order.get(kv[0], 2)):
+        for impl, group in sorted(same.groupby("implementation", sort=False), key=lambda kv: _listed_at(kv[0])):
             timings[impl] = _latest_timings(group)
             version = _version(group, impl)
             kernels = ", ".join(sorted(group["kernels"].dropna().astype(str).unique())) or DASH
@@ -177,7 +178,7 @@ def _ratios(timings: dict[str, dict[int, pd.Series]], peak_name: str = "peak") -
     ref = timings.get(REFERENCE) or {}
     lines = []
     for impl, by_n in timings.items():
-        if impl in (REFERENCE, REFERENCE_1D):
+        if impl in OURS:
             continue
         for n, r in sorted(by_n.items()):
             base = ref.get(n)
