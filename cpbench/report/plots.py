@@ -19,6 +19,7 @@ None, or returns the reason it was skipped (data absent) without writing anythin
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -61,8 +62,11 @@ def _finish(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> None:
 
 
 def _save(fig, path: Path) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    """Save ``fig``; the tight bounding box keeps a legend that the layout cannot fit (many series)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Tight layout not applied")
+        fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
