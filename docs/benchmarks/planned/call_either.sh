@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # A call open to either GPU (kind nvidia-h200 without needs_h200): the CP curve's next step on whichever came.
 #   OUT=DIR [RESUME_H200=DIR] [RESUME_H100=DIR] [SHORT=1] bash docs/benchmarks/planned/call_either.sh
-# On an H200: TR2's cp=4 line (training_emulated_cp48.txt, ONLY=tr_cp4) into $OUT/tr2. On an H100: the inference CP
-# curve of one H100 (h100_curve.txt) into $OUT/hc. RESUME_* name the folder an earlier call of the same line left
-# (carried back), which the campaign continues (RESUME_FROM). SHORT=1, for a call with under ~450 s of device time:
-# R4 on an H200 (ratio_short.txt, about 250 s) into $OUT/r, and on an H100 the curve's cp=1 line alone.
+# On an H200: TR2's cp=4 line (training_emulated_cp48.txt, ONLY=tr_cp4) into $OUT/tr2. On an H100: the emulated lines
+# of the inference CP curve of one H100 (h100_curve.txt; its cp=1 line ran 2026-12-07, ../2026-12-07-h100-curve/) into
+# $OUT/hc. RESUME_* name the folder an earlier call of the same line left (carried back), which the campaign continues
+# (RESUME_FROM). SHORT=1, for a call with under ~450 s of device time: R4 on an H200 (ratio_short.txt, about 250 s)
+# into $OUT/r, and on an H100 the curve's cp=2 line alone.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:?set OUT}
@@ -13,11 +14,11 @@ echo "GPU: ${gpu:-none}"
 case "${SHORT:-0}:$gpu" in
   1:*H200*) EXPECT_GPU=H200 OUT=$OUT/r BUDGET_S=${BUDGET_S:-265} \
             bash scripts/gpu_campaign.sh docs/benchmarks/planned/ratio_short.txt; dir=$OUT/r;;
-  1:*H100*) ONLY=h100_cp1 RESUME_FROM=${RESUME_H100:-} OUT=$OUT/hc BUDGET_S=${BUDGET_S:-380} \
+  1:*H100*) ONLY=h100_cp2 RESUME_FROM=${RESUME_H100:-} OUT=$OUT/hc BUDGET_S=${BUDGET_S:-380} \
             bash scripts/gpu_campaign.sh docs/benchmarks/planned/h100_curve.txt; dir=$OUT/hc;;
   *H200*) RESUME_FROM=${RESUME_H200:-} ONLY=tr_cp4 EXPECT_GPU=H200 OUT=$OUT/tr2 BUDGET_S=${BUDGET_S:-570} \
             bash scripts/gpu_campaign.sh docs/benchmarks/planned/training_emulated_cp48.txt; dir=$OUT/tr2;;
-  *H100*) RESUME_FROM=${RESUME_H100:-} OUT=$OUT/hc BUDGET_S=${BUDGET_S:-570} \
+  *H100*) ONLY=h100_cp2,h100_cp4,h100_cp8 RESUME_FROM=${RESUME_H100:-} OUT=$OUT/hc BUDGET_S=${BUDGET_S:-570} \
             bash scripts/gpu_campaign.sh docs/benchmarks/planned/h100_curve.txt; dir=$OUT/hc;;
   *) echo "no H200 or H100 here: nothing run"; exit 3;;
 esac
