@@ -26,6 +26,14 @@
 # those lines only (Fold-CP installs as `boltz`, the stock Boltz-2's name). A tree without .git
 # names its commit in commit.txt, which goes into every result.json (CPBENCH_GIT_COMMIT).
 #
+# Compiled code is kept across calls: Inductor's and Triton's caches live in COMPILE_CACHE
+# (default ~/.cache/cpbench-compile, outside $OUT, so it stays on a machine held from call to call;
+# TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR point into it), and RESUME_FROM/compile_cache.tgz, when a later call carries one back, is unpacked there first. With
+# KEEP_COMPILE_CACHE=1 the campaign ends by writing $OUT/compile_cache.tgz (at most 15 MiB, the
+# size a call hands back; a larger one is left out with a line saying so). A probe point whose N
+# ran before on that GPU model (an end re-run in a later call) then skips most of its compile:
+# a training point near cp=2's limit spent 165 of its 309 s compiling.
+#
 # EXPECT_GPU=NAME runs nothing (exit 3, $OUT/refused.txt) unless the GPU's name contains NAME.
 # ONLY=NAME[,NAME...] runs only those lines of the file (e.g. one line of a side-by-side campaign
 # when a call has too little time for the rest); a name with no line refuses the run (exit 2).
@@ -76,6 +84,12 @@ if compgen -G ".whl/foldcp/*.whl" > /dev/null; then  # Fold-CP (model=foldcp/*),
   [ -f .whl/foldcp/commit.txt ] && export CPBENCH_FOLDCP_COMMIT=$(cat .whl/foldcp/commit.txt)
 fi
 export PYTHONUNBUFFERED=1
+cache=${COMPILE_CACHE:-$HOME/.cache/cpbench-compile}
+mkdir -p "$cache"
+export TORCHINDUCTOR_CACHE_DIR=$cache/inductor TRITON_CACHE_DIR=$cache/triton
+if [ -n "${RESUME_FROM:-}" ] && [ -f "$RESUME_FROM/compile_cache.tgz" ]; then
+  tar xzf "$RESUME_FROM/compile_cache.tgz" -C "$cache" && echo "compile cache from $RESUME_FROM: $(du -sh "$cache" | cut -f1)"
+fi
 # the tree may have no .git: its commit (commit.txt, when present) goes into every result.json
 if [ -f commit.txt ]; then export CPBENCH_GIT_COMMIT=$(cat commit.txt); cp commit.txt "$OUT/"; fi
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
@@ -102,4 +116,14 @@ done < "$CAMPAIGN"
 
 nvidia-smi > "$OUT/nvidia-smi_after.txt" 2>&1
 tar czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")" && mv "$OUT.tgz" "$OUT/all.tgz"
+if [ "${KEEP_COMPILE_CACHE:-0}" = 1 ]; then
+  tar czf "$OUT/compile_cache.tgz" -C "$cache" .
+  size=$(stat -c %s "$OUT/compile_cache.tgz")
+  if [ "$size" -gt $(( 15 * 1024 * 1024 )) ]; then
+    echo "compile cache: $(( size >> 20 )) MiB packed, over the 15 MiB a call hands back: left out"
+    rm -f "$OUT/compile_cache.tgz"
+  else
+    echo "compile cache: $(( size >> 10 )) KiB packed in $OUT/compile_cache.tgz"
+  fi
+fi
 echo "done in $(( $(date +%s) - START )) s"

@@ -68,3 +68,23 @@ def test_only_naming_no_line_runs_nothing(tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     assert "has no line named 'bb'" in done.stdout
     assert "job " not in done.stdout and "skip " not in done.stdout
+
+
+def test_compile_cache_goes_back_and_comes_in_again(tmp_path):
+    """``KEEP_COMPILE_CACHE=1`` packs the compile cache into ``$OUT/compile_cache.tgz``; a later
+    campaign whose ``RESUME_FROM`` holds that archive unpacks it into its own cache first."""
+    first_cache = tmp_path / "cache1"
+    (first_cache / "inductor" / "fxgraph").mkdir(parents=True)
+    (first_cache / "inductor" / "fxgraph" / "entry").write_text("compiled graph")
+    done = run_campaign(tmp_path, "", KEEP_COMPILE_CACHE="1", COMPILE_CACHE=str(first_cache))
+    assert done.returncode == 0, done.stdout + done.stderr
+    packed = tmp_path / "out" / "compile_cache.tgz"
+    assert packed.exists() and "KiB packed" in done.stdout, done.stdout
+
+    later = tmp_path / "later"
+    later.mkdir()
+    second_cache = tmp_path / "cache2"
+    done = run_campaign(later, "", RESUME_FROM=str(tmp_path / "out"), COMPILE_CACHE=str(second_cache))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (second_cache / "inductor" / "fxgraph" / "entry").read_text() == "compiled graph"
+    assert not (later / "out" / "compile_cache.tgz").exists()  # not asked to keep it
