@@ -12,7 +12,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:?set OUT}
-export KEEP_COMPILE_CACHE=1
+export KEEP_COMPILE_CACHE=${KEEP_COMPILE_CACHE:-1}
 resume() { if [ -n "$2" ]; then echo "$2"; elif [ -d "$HOME/keep/$1" ]; then echo "$HOME/keep/$1"; fi; }
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 echo "GPU: ${gpu:-none}"
