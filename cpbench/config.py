@@ -49,6 +49,7 @@ WORKFLOWS = ("inference", "training")
 TOPOLOGIES = ("1d", "2d")
 ROUTINES = ("auto", "probe", "timing")
 DEVICES = ("auto", "cuda", "cpu")
+BREAKDOWN_SITES = ("function", "op")  # memory.breakdown_sites (cpbench.harness.breakdown)
 # Keys that do not change a measurement, left out of the resume signature.
 UNSIGNED_KEYS = ("resume", "report", "hydra")
 
@@ -178,6 +179,7 @@ class Point:
     comm_reserve_source: str = ""  # where that figure comes from
     link: dict = field(default_factory=dict)  # the link config node, validated (cpbench.link)
     memory_breakdown: bool = False  # timing: one more step under the profiler (cpbench.harness.breakdown)
+    breakdown_sites: str = "function"  # the breakdown's sites: by function (Python stacks) or by op
 
     @property
     def ranks_launched(self) -> int:
@@ -483,6 +485,8 @@ def resolve_point(cfg: DictConfig) -> Point:
     breakdown = (data.get("memory") or {}).get("breakdown", False)
     if not isinstance(breakdown, bool):
         raise ConfigError("memory.breakdown", breakdown, "true or false")
+    sites = _choice("memory.breakdown_sites", (data.get("memory") or {}).get("breakdown_sites", "function"),
+                    BREAKDOWN_SITES)
 
     return Point(
         workflow=workflow["name"], train=bool(workflow.get("train")), topology=topology["name"], cp=cp,
@@ -491,7 +495,7 @@ def resolve_point(cfg: DictConfig) -> Point:
         seed=_int("seed", data.get("seed")), profile=bool(data.get("profile")),
         memory_limit_gib=limit, cuda_alloc_conf=alloc_conf, model=model, probe=probe, timing=timing, input=input_name,
         emulate=emulate, comm_reserve_gib=reserve_gib, comm_reserve_source=reserve_source, link=link,
-        memory_breakdown=breakdown,
+        memory_breakdown=breakdown, breakdown_sites=sites,
     )
 
 

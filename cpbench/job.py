@@ -53,7 +53,7 @@ PROBES_DIR = "probes"
 # Keys the probe of a configuration does not depend on (the timing points' sizes).
 PROBE_FREE_KEYS = ("N", "N_atoms")
 # Keys of a group that only a timing reads (one more step after the timed ones): not the probe's.
-PROBE_FREE_GROUP_KEYS = {"memory": ("breakdown",)}
+PROBE_FREE_GROUP_KEYS = {"memory": ("breakdown", "breakdown_sites")}
 # How far a probe may go, not what its points measure: a probe's saved points (probe_state.json)
 # carry on under other values of these (a requeued job given a longer time limit, a probe split
 # over several runs on a machine lent for minutes at a time).

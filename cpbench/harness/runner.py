@@ -71,6 +71,7 @@ class PointRun:
     profile_path: str | None = None   # "{rank}" is replaced by the rank
     count_collectives: bool = False   # an adapter that counts none: one more, untimed step counts them
     memory_breakdown: bool = False    # one more, untimed step under the profiler (harness/breakdown.py)
+    breakdown_sites: str = "function"  # its sites by function (Python stacks) or by op (none)
 
 
 @dataclass
@@ -141,6 +142,7 @@ class Runner:
             "N": task.N, "n_atoms": task.n_atoms, "S": task.S, "run_blocks": task.run_blocks, "lean": task.lean,
             "warmup": task.warmup, "repeats": task.repeats, "profile_path": task.profile_path,
             "count_collectives": task.count_collectives, "memory_breakdown": task.memory_breakdown,
+            "breakdown_sites": task.breakdown_sites,
             "timeout_s": task.timeout_s, "work_dir": str(work_dir),
             # The cores this job may use, shared by its local ranks: oversubscribed intra-op threads
             # distort CPU times (each parallel region waits for a descheduled thread).

@@ -158,7 +158,8 @@ def run_rank(spec: dict, rank: int, device_index: int, outcome: dict) -> None:
         from cpbench.harness.breakdown import peak_breakdown
 
         try:
-            outcome["memory_breakdown"] = peak_breakdown(step, device, model, batch, adapter)
+            outcome["memory_breakdown"] = peak_breakdown(step, device, model, batch, adapter,
+                                                         sites=spec.get("breakdown_sites", "function"))
         except Exception as exc:  # noqa: BLE001 -- the timed steps stand; say why there is no breakdown
             outcome["memory_breakdown"] = {"error": _one_line(exc)}
     outcome["status"], outcome["message"] = "ok", ""

@@ -77,6 +77,7 @@ in ``<sweep dir>/probes/<signature>/`` (a single run: ``<run dir>/probes/<signat
                            "held_gib": {"parameters": .., "gradients": .., "optimizer_state": ..,
                                         "inputs": .., "other_held": ..},  # other_held: CUDA only
                            "sites": [{"site": "cpbench/models/... forward", "gib": .., "blocks": ..}],
+                           "sites_by": "function" | "op",  # memory.breakdown_sites
                            "other_sites_gib": .., "unseen_frees_gib": ..,  # blocks left out: freed on a
                                              # backend's thread, which the profiler does not follow
                            "allocator_peak_gib": .., "allocator_start_gib": ..},

@@ -54,7 +54,8 @@ def run_timing(point: Point, runner: Runner, out_dir: Path | None) -> dict:
     profile_path = str(out_dir / "trace_rank{rank}.json") if point.profile and out_dir is not None else None
     result = runner.run(PointRun(N=point.N, n_atoms=point.N_atoms, S=point.S, timeout_s=t.timeout_s,
                                  warmup=t.warmup, repeats=t.repeats, profile_path=profile_path,
-                                 count_collectives=True, memory_breakdown=point.memory_breakdown))
+                                 count_collectives=True, memory_breakdown=point.memory_breakdown,
+                                 breakdown_sites=point.breakdown_sites))
     alloc, reserved = result.per_rank("peak_alloc_gib"), result.per_rank("peak_reserved_gib")
     known = [a for a in alloc if a is not None]
     out = {"status": result.status, "message": result.message, "seconds": round(result.seconds, 3),

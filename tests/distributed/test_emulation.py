@@ -54,12 +54,13 @@ SIZES = ["model=tiny", "model.c_z=64", "model.blocks=1", "S=8", "atoms_per_token
 
 def run_once(*overrides: str, breakdown: bool = False) -> list[dict]:
     """Every rank's outcome of one step (no warmup) of the point, with its verdict; with
-    ``breakdown`` one more step under the profiler (``memory.breakdown``)."""
+    ``breakdown`` one more step under the profiler (``memory.breakdown``, its sites by op: no Python
+    stacks, which halve the profiled step here and leave the peak and its owners as they are)."""
     point = compose_point(*SIZES, *overrides)
     slots = discover_slots(point.ranks_launched, point.device)
     result = Runner(point, slots, SupervisorGroup(slots)).run(
         PointRun(N=point.N, n_atoms=point.N_atoms, S=point.S, timeout_s=600, warmup=0, repeats=1,
-                 memory_breakdown=breakdown))
+                 memory_breakdown=breakdown, breakdown_sites="op"))
     assert result.status == "ok", result.message
     assert len(result.ranks) == point.ranks_launched
     return result.ranks

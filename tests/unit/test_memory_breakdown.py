@@ -110,7 +110,10 @@ class _Owner:
         self._optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
-def test_a_cpu_step_under_the_profiler_charges_its_peak_to_the_function_that_allocated_it():
+@pytest.mark.parametrize("sites", ["function", "op"])
+def test_a_cpu_step_under_the_profiler_charges_its_peak_to_the_function_that_allocated_it(sites):
+    """By function (Python stacks) the site is ``big_mean``; by op (no stacks) the op that
+    allocated it; the owners and the peak are the same either way."""
     torch.manual_seed(0)
     model = torch.nn.Linear(256, 256)
     owner = _Owner(model)
@@ -128,14 +131,18 @@ def test_a_cpu_step_under_the_profiler_charges_its_peak_to_the_function_that_all
         owner._optimizer.zero_grad(set_to_none=False)
 
     step()  # AdamW's state and the gradients exist before the measured step, as after a warmup
-    out = peak_breakdown(step, torch.device("cpu"), model, batch, owner)
+    out = peak_breakdown(step, torch.device("cpu"), model, batch, owner, sites=sites)
+    assert out["sites_by"] == sites
     param_b = sum(p.numel() * 4 for p in model.parameters())
     assert out["held_gib"]["parameters"] == pytest.approx(param_b / GIB, abs=1e-8)
     assert out["held_gib"]["gradients"] == pytest.approx(param_b / GIB, abs=1e-8)
     assert out["held_gib"]["optimizer_state"] >= 2 * param_b / GIB  # exp_avg and exp_avg_sq (+ steps)
     assert out["held_gib"]["inputs"] == pytest.approx((64 * 256 * 4 + 64) / GIB, abs=1e-8)  # nested in a dataclass
     top = out["sites"][0]
-    assert top["site"].endswith("test_memory_breakdown.py big_mean"), out["sites"]
+    if sites == "function":
+        assert top["site"].endswith("test_memory_breakdown.py big_mean"), out["sites"]
+    else:
+        assert top["site"].startswith("aten::"), out["sites"]
     assert top["gib"] >= side * side * 4 / GIB
     assert out["peak_gib"] == pytest.approx(sum(out["held_gib"].values()) + out["step_gib"], rel=1e-4)
 
@@ -150,6 +157,13 @@ def test_memory_breakdown_must_be_a_boolean():
     assert compose_point("memory.breakdown=true", "routine=timing", "N=128").memory_breakdown is True
     with pytest.raises(ConfigError, match="memory.breakdown"):
         compose_point("memory.breakdown=sometimes", "routine=timing", "N=128")
+
+
+def test_breakdown_sites_are_by_function_or_by_op():
+    assert compose_point("routine=timing", "N=128").breakdown_sites == "function"
+    assert compose_point("memory.breakdown_sites=op", "routine=timing", "N=128").breakdown_sites == "op"
+    with pytest.raises(ConfigError, match="memory.breakdown_sites.*function, op"):
+        compose_point("memory.breakdown_sites=line", "routine=timing", "N=128")
 
 
 def _record(day: str, peak_gib: float, **breakdown) -> dict:

@@ -97,7 +97,8 @@ def test_the_probe_of_a_configuration_does_not_depend_on_n_or_the_timings_breakd
     _, sig_c = probe_config(compose_cfg("device=cpu", "model=tiny", "cp=4", "N=32"))
     _, sig_d = probe_config(compose_cfg("device=cpu", "model=tiny", "cp=2", "N=32", "memory.breakdown=true"))
     _, sig_e = probe_config(compose_cfg("device=cpu", "model=tiny", "cp=2", "N=32", "memory.limit_gib=1"))
-    assert a.routine == "probe" and sig_a == sig_b == sig_d != sig_c and sig_e != sig_a
+    _, sig_f = probe_config(compose_cfg("device=cpu", "model=tiny", "cp=2", "N=32", "memory.breakdown_sites=op"))
+    assert a.routine == "probe" and sig_a == sig_b == sig_d == sig_f != sig_c and sig_e != sig_a
 
 
 def test_one_job_takes_the_probe_lock(tmp_path):
