@@ -28,11 +28,12 @@
 #
 # Compiled code is kept across calls: Inductor's and Triton's caches live in COMPILE_CACHE
 # (default ~/.cache/cpbench-compile, outside $OUT, so it stays on a machine held from call to call;
-# TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR point into it), and RESUME_FROM/compile_cache.tgz, when a later call carries one back, is unpacked there first. With
-# KEEP_COMPILE_CACHE=1 the campaign ends by writing $OUT/compile_cache.tgz (at most 15 MiB, the
-# size a call hands back; a larger one is left out with a line saying so). A probe point whose N
-# ran before on that GPU model (an end re-run in a later call) then skips most of its compile:
-# a training point near cp=2's limit spent 165 of its 309 s compiling.
+# TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR point into it), and RESUME_FROM/compile_cache.tgz,
+# when a later call carries one back, is unpacked there first. With KEEP_COMPILE_CACHE=1 the
+# campaign ends by writing $OUT/compile_cache.tgz (at most 15 MiB, the size a call hands back; a
+# larger one is left out with a line saying so). A probe point whose N ran before on that GPU model
+# (an end re-run in a later call) then skips most of its compile: a training point near cp=2's
+# limit spent 165 of its 309 s compiling.
 #
 # EXPECT_GPU=NAME runs nothing (exit 3, $OUT/refused.txt) unless the GPU's name contains NAME.
 # ONLY=NAME[,NAME...] runs only those lines of the file (e.g. one line of a side-by-side campaign
